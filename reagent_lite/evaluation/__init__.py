@@ -1,0 +1,1 @@
+"""reagent_lite.evaluation"""

@@ -1,0 +1,1 @@
+"""Workflow entry points: python -m workflows.<name> --config x.json."""
