@@ -1,0 +1,69 @@
+"""Parametric Q-network: Q(s, a) for actions described by feature vectors.
+
+One MLP scores concat(state, action). Scoring K candidates of a state must not run the
+state half of the first layer K times, so the first layer's weight is split into a state
+block and an action block: W·[s; a] + b = (W_s·s + b) + W_a·a, with the state part computed
+once per row and broadcast over candidates. The parameters are those of the plain MLP
+over the concatenation, so `forward` and `forward_pairs` agree exactly.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from reagent_lite.models.mlp import MLP, resolve_layer_sizes
+
+
+class ParametricQNetwork(nn.Module):
+    """Q(s, a) → scalar; `forward(state [B, D], actions [B, K, G]) -> [B, K]`.
+
+    `layers` / `activations` follow the config convention (`-1` placeholders at both ends;
+    the input is `state_dim + action_dim`, the output one value). Candidate masking is
+    the caller's business: padded candidates get a score like any other.
+    """
+
+    def __init__(
+        self,
+        state_dim: int,
+        action_dim: int,
+        layers: Sequence[int] = (-1, 256, 256, -1),
+        activations: Sequence[str] = ("relu", "relu", "linear"),
+        *,
+        dropout_ratio: float = 0.0,
+        layer_norm: bool = False,
+    ) -> None:
+        super().__init__()
+        self.state_dim = int(state_dim)
+        self.action_dim = int(action_dim)
+        sizes = resolve_layer_sizes(layers, self.state_dim + self.action_dim, 1)
+        self.mlp = MLP(sizes, activations, dropout_ratio=dropout_ratio, layer_norm=layer_norm)
+
+    @classmethod
+    def from_config(cls, cfg: object, *, state_dim: int, action_dim: int) -> ParametricQNetwork:
+        """Build from a workflow config's `training` block (any object with those fields)."""
+        training = cfg.training  # type: ignore[attr-defined]
+        return cls(
+            state_dim,
+            action_dim,
+            list(training.layers),
+            list(training.activations),
+            dropout_ratio=float(getattr(training, "dropout_ratio", 0.0)),
+            layer_norm=bool(getattr(training, "layer_norm", False)),
+        )
+
+    def forward(self, state: torch.Tensor, actions: torch.Tensor) -> torch.Tensor:
+        """Scores of K candidate actions per state: [B, D], [B, K, G] → [B, K]."""
+        first = self.mlp.linear(0)
+        w_state = first.weight[:, : self.state_dim]
+        w_action = first.weight[:, self.state_dim :]
+        # [B, 1, H] + [B, K, H]: the state's contribution is shared by all candidates.
+        h = F.linear(state, w_state, first.bias).unsqueeze(1) + F.linear(actions, w_action)
+        return self.mlp.forward_after_first(h).squeeze(-1)
+
+    def forward_pairs(self, state: torch.Tensor, action: torch.Tensor) -> torch.Tensor:
+        """Score of one action per state: [B, D], [B, G] → [B]."""
+        return self.mlp(torch.cat([state, action], dim=-1)).squeeze(-1)

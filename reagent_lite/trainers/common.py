@@ -1,0 +1,318 @@
+"""What the DQN and parametric DQN trainers share: hyper-parameters, optimizer, TD loss,
+soft target update, the Bellman target and the accumulate → clip → step → update loop.
+
+A trainer subclass only says how to get Q of the logged action (plus the candidate set
+CQL pushes down) and the value of the next state; everything else lives here. No I/O and
+no ranks: the loop reduces the returned tensors across processes if it wants to.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Generic, Protocol, TypeVar
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from reagent_lite.errors import ConfigError
+
+OPTIMIZERS = ("adam", "adamw", "sgd", "rmsprop")
+LOSSES = ("mse", "huber")
+
+
+def _name(value: object) -> str:
+    """A lower-case name from a str or a str-valued enum (`"ADAM"`, `Optimizer.ADAM`)."""
+    return str(getattr(value, "value", value)).lower()
+
+
+@dataclass(frozen=True)
+class DQNHyperParams:
+    """Everything the trainers read from the config, flattened and typed."""
+
+    gamma: float = 0.99
+    target_update_rate: float = 0.01
+    maxq_learning: bool = True
+    double_q_learning: bool = True
+    q_network_loss: str = "mse"
+    reward_boost: Mapping[str, float] = field(default_factory=dict, hash=False)
+    use_seq_num_diff_as_time_diff: bool = False
+    cql_alpha: float = 0.0
+    learning_rate: float = 1e-3
+    optimizer: str = "adam"
+    l2_decay: float = 0.0
+    lr_decay: float = 1.0
+    clip_grad_norm: float | None = None
+    minibatches_per_step: int = 1
+
+    def __post_init__(self) -> None:
+        if self.optimizer not in OPTIMIZERS:
+            raise ConfigError(
+                f"training.optimizer: unknown optimizer (got {self.optimizer!r}); "
+                f"expected one of {list(OPTIMIZERS)}"
+            )
+        if self.q_network_loss not in LOSSES:
+            raise ConfigError(
+                f"rl.q_network_loss: unknown loss (got {self.q_network_loss!r}); "
+                f"expected one of {list(LOSSES)}"
+            )
+        if self.minibatches_per_step < 1:
+            raise ConfigError(
+                f"training.minibatches_per_step: must be >= 1 (got {self.minibatches_per_step})"
+            )
+
+    @classmethod
+    def from_config(cls, cfg: Any) -> DQNHyperParams:
+        """Read `cfg.rl`, `cfg.rainbow` and `cfg.training` (any object with those fields)."""
+        rl, rainbow, training = cfg.rl, cfg.rainbow, cfg.training
+        clip = getattr(training, "clip_grad_norm", None)
+        return cls(
+            gamma=float(rl.gamma),
+            target_update_rate=float(rl.target_update_rate),
+            maxq_learning=bool(rl.maxq_learning),
+            double_q_learning=bool(getattr(rainbow, "double_q_learning", True)),
+            q_network_loss=_name(getattr(rl, "q_network_loss", "mse")),
+            reward_boost=dict(getattr(rl, "reward_boost", None) or {}),
+            use_seq_num_diff_as_time_diff=bool(getattr(rl, "use_seq_num_diff_as_time_diff", False)),
+            cql_alpha=float(getattr(training, "cql_alpha", 0.0)),
+            learning_rate=float(training.learning_rate),
+            optimizer=_name(getattr(training, "optimizer", "adam")),
+            l2_decay=float(getattr(training, "l2_decay", 0.0)),
+            lr_decay=float(getattr(training, "lr_decay", 1.0)),
+            clip_grad_norm=None if clip is None else float(clip),
+            minibatches_per_step=int(getattr(training, "minibatches_per_step", 1)),
+        )
+
+
+@dataclass(frozen=True)
+class DQNLoss:
+    """One step's figures as 0-d tensors (reading them is the caller's device sync).
+
+    From `compute_loss`, `total` still carries the gradient; `train_step` returns a
+    detached record.
+    """
+
+    td_loss: torch.Tensor
+    cql_loss: torch.Tensor
+    total: torch.Tensor
+    mean_q: torch.Tensor
+
+    def detach(self) -> DQNLoss:
+        return DQNLoss(
+            self.td_loss.detach(), self.cql_loss.detach(), self.total.detach(), self.mean_q.detach()
+        )
+
+    @staticmethod
+    def mean(records: Sequence[DQNLoss]) -> DQNLoss:
+        """Average of micro-batch records (they have equal sizes, so this is the batch mean)."""
+        if len(records) == 1:
+            return records[0]
+        return DQNLoss(
+            *(
+                torch.stack([getattr(r, name) for r in records]).mean()
+                for name in ("td_loss", "cql_loss", "total", "mean_q")
+            )
+        )
+
+    def as_floats(self) -> dict[str, float]:
+        """Host values for logging (one device sync per field; not for the hot path)."""
+        return {
+            "td_loss": float(self.td_loss),
+            "cql_loss": float(self.cql_loss),
+            "loss": float(self.total),
+            "mean_q": float(self.mean_q),
+        }
+
+
+def build_optimizer(params: Iterable[nn.Parameter], hp: DQNHyperParams) -> torch.optim.Optimizer:
+    """The configured optimizer with `l2_decay` as weight decay."""
+    plist = list(params)
+    lr, wd = hp.learning_rate, hp.l2_decay
+    if hp.optimizer in ("adam", "adamw"):
+        # Fused Adam(W) is one kernel per step on CUDA; CPU keeps torch's default.
+        fused = bool(plist) and all(p.is_cuda for p in plist)
+        cls = torch.optim.Adam if hp.optimizer == "adam" else torch.optim.AdamW
+        return cls(plist, lr=lr, weight_decay=wd, fused=fused or None)
+    if hp.optimizer == "sgd":
+        return torch.optim.SGD(plist, lr=lr, weight_decay=wd)
+    return torch.optim.RMSprop(plist, lr=lr, weight_decay=wd)
+
+
+def td_loss(q: torch.Tensor, target: torch.Tensor, kind: str) -> torch.Tensor:
+    """Mean squared or Huber (δ = 1) error between Q and its (detached) target."""
+    if kind == "huber":
+        return F.smooth_l1_loss(q, target, beta=1.0)
+    return F.mse_loss(q, target)
+
+
+@torch.no_grad()
+def soft_update(target: nn.Module, online: nn.Module, tau: float) -> None:
+    """target ← (1 − τ)·target + τ·online, one fused foreach kernel over all parameters."""
+    t_params: list[torch.Tensor] = list(target.parameters())
+    o_params = [p.detach() for p in online.parameters()]
+    if t_params:
+        torch._foreach_lerp_(t_params, o_params, tau)
+    for t_buf, o_buf in zip(target.buffers(), online.buffers(), strict=True):
+        t_buf.copy_(o_buf)
+
+
+def masked_max(values: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Row max and argmax of `values` [B, K] over entries with `mask` > 0.
+
+    Masked entries are replaced by the dtype's lowest finite value rather than −inf so that
+    nothing downstream sees inf − inf. Returns (max, argmax); a row with no valid entry
+    gets max 0 (and an arbitrary argmax).
+    """
+    valid = mask > 0
+    low = torch.finfo(values.dtype).min
+    filled = torch.where(valid, values, torch.full_like(values, low))
+    best, idx = filled.max(dim=1)
+    return torch.where(valid.any(dim=1), best, torch.zeros_like(best)), idx
+
+
+def masked_logsumexp(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Row logsumexp over valid entries; rows with none give 0 (finite value and gradient)."""
+    valid = mask > 0
+    low = torch.finfo(values.dtype).min
+    lse = torch.where(valid, values, torch.full_like(values, low)).logsumexp(dim=1)
+    return torch.where(valid.any(dim=1), lse, torch.zeros_like(lse))
+
+
+def unwrap(module: nn.Module) -> nn.Module:
+    """The plain module under a DDP / DataParallel wrapper (or the module itself)."""
+    inner = getattr(module, "module", None)
+    return inner if isinstance(inner, nn.Module) else module
+
+
+class TransitionBatch(Protocol):
+    """What the shared code reads from any batch (all [B], float32, on the net's device)."""
+
+    @property
+    def reward(self) -> torch.Tensor: ...
+    @property
+    def time_diff(self) -> torch.Tensor: ...
+    @property
+    def terminal(self) -> torch.Tensor: ...
+
+
+BatchT = TypeVar("BatchT", bound=TransitionBatch)
+
+
+class QLearningTrainer(Generic[BatchT]):
+    """Shared trainer: target net, optimizer, scheduler, loss, step and soft updates.
+
+    Subclasses implement `_q_logged` (Q of the logged action with grad, plus the scores and
+    mask of the candidate set that CQL regularises), `_next_value` (value of the next state,
+    called without grad), `_reward` and `_terminal`.
+
+    `q_net` may be a DDP/DP wrapper: the forward that needs gradients goes through it (so
+    its hooks run), grad-free forwards and the target copy use the unwrapped module.
+    Train/eval mode is the caller's business; the target network always stays in eval.
+    """
+
+    def __init__(
+        self,
+        q_net: nn.Module,
+        hparams: DQNHyperParams,
+        *,
+        unwrapped: nn.Module | None = None,
+    ) -> None:
+        self.hp = hparams
+        self.q_net = q_net
+        self.online = unwrapped if unwrapped is not None else unwrap(q_net)
+        self.target = copy.deepcopy(self.online)
+        self.target.requires_grad_(False)
+        self.target.eval()
+        self.optimizer = build_optimizer(self.online.parameters(), hparams)
+        self.scheduler = torch.optim.lr_scheduler.ExponentialLR(self.optimizer, hparams.lr_decay)
+
+    # -- the per-workflow part --------------------------------------------------------------
+    def _q_logged(self, batch: BatchT) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(Q of logged action [B], Q of current candidates [B, K], candidate mask [B, K])."""
+        raise NotImplementedError
+
+    def _next_value(self, batch: BatchT) -> torch.Tensor:
+        """Value of the next state [B] (max or SARSA, from the target net); no grad."""
+        raise NotImplementedError
+
+    def _reward(self, batch: BatchT) -> torch.Tensor:
+        return batch.reward
+
+    def _terminal(self, batch: BatchT) -> torch.Tensor:
+        return batch.terminal
+
+    # -- shared maths ----------------------------------------------------------------------
+    def discount(self, batch: BatchT) -> torch.Tensor | float:
+        """γ^time_diff when time gaps count, else γ for every row."""
+        if self.hp.use_seq_num_diff_as_time_diff:
+            return torch.pow(self.hp.gamma, batch.time_diff)
+        return self.hp.gamma
+
+    @torch.no_grad()
+    def compute_target(self, batch: BatchT) -> torch.Tensor:
+        """Bellman target r + (1 − terminal)·γ^Δt·V(s') [B], without gradient."""
+        not_done = 1.0 - self._terminal(batch)
+        return self._reward(batch) + not_done * self.discount(batch) * self._next_value(batch)
+
+    def compute_loss(self, batch: BatchT) -> DQNLoss:
+        """TD loss + cql_alpha · CQL term; `total` carries the gradient, the rest are detached.
+
+        CQL (Kumar et al. 2020) here is logsumexp of Q over the *possible* actions minus Q of
+        the logged action, averaged over the batch.
+        """
+        target = self.compute_target(batch)
+        q, candidate_q, candidate_mask = self._q_logged(batch)
+        td = td_loss(q, target, self.hp.q_network_loss)
+        if self.hp.cql_alpha > 0.0:
+            cql = (masked_logsumexp(candidate_q, candidate_mask) - q).mean()
+            total = td + self.hp.cql_alpha * cql
+        else:
+            cql = torch.zeros((), device=q.device, dtype=q.dtype)
+            total = td
+        return DQNLoss(td.detach(), cql.detach(), total, q.detach().mean())
+
+    def train_step(self, batches: Sequence[BatchT]) -> DQNLoss:
+        """One optimizer step over `batches` (the `minibatches_per_step` micro-batches).
+
+        Gradients of equal-sized micro-batches are accumulated with each loss divided by
+        their number, which equals one step on their union. Under DDP the all-reduce runs
+        only on the last micro-batch's backward.
+        """
+        n = len(batches)
+        if n == 0:
+            raise ValueError("train_step needs at least one batch")
+        self.optimizer.zero_grad(set_to_none=True)
+        records = []
+        no_sync = getattr(self.q_net, "no_sync", None)
+        for i, batch in enumerate(batches):
+            ctx = no_sync() if (no_sync is not None and i < n - 1) else contextlib.nullcontext()
+            with ctx:
+                record = self.compute_loss(batch)
+                (record.total / n if n > 1 else record.total).backward()
+            records.append(record.detach())
+        if self.hp.clip_grad_norm is not None:
+            torch.nn.utils.clip_grad_norm_(self.online.parameters(), self.hp.clip_grad_norm)
+        self.optimizer.step()
+        soft_update(self.target, self.online, self.hp.target_update_rate)
+        return DQNLoss.mean(records)
+
+    def on_epoch_end(self) -> None:
+        """Per-epoch learning-rate decay (`lr_decay`)."""
+        self.scheduler.step()
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "q_net": self.online.state_dict(),
+            "target": self.target.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict(),
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        self.online.load_state_dict(state["q_net"])
+        self.target.load_state_dict(state["target"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])

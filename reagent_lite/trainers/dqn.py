@@ -1,0 +1,124 @@
+"""DQN over a discrete action set: Q(s) → [B, A], targets from the masked next-state max.
+
+Only Q of the logged action and the next-state value are specific to this trainer; the
+loss, optimizer, accumulation and target updates are in `common.py`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any, Protocol
+
+import torch
+from torch import nn
+
+from reagent_lite.errors import ConfigError
+from reagent_lite.trainers.common import DQNHyperParams, QLearningTrainer, masked_max
+
+
+class DiscreteBatch(Protocol):
+    """The fields of `DiscreteTransitions` the trainer reads, states already normalized.
+
+    `state`, `next_state` [B, D] float32; `action`, `next_action` int64 [B] (−1 = none);
+    `possible_actions_mask`, `possible_next_actions_mask` [B, A] (1 = possible);
+    `reward`, `time_diff`, `terminal` [B] float32.
+    """
+
+    @property
+    def state(self) -> torch.Tensor: ...
+    @property
+    def action(self) -> torch.Tensor: ...
+    @property
+    def reward(self) -> torch.Tensor: ...
+    @property
+    def next_state(self) -> torch.Tensor: ...
+    @property
+    def next_action(self) -> torch.Tensor: ...
+    @property
+    def possible_actions_mask(self) -> torch.Tensor: ...
+    @property
+    def possible_next_actions_mask(self) -> torch.Tensor: ...
+    @property
+    def time_diff(self) -> torch.Tensor: ...
+    @property
+    def terminal(self) -> torch.Tensor: ...
+
+
+def reward_boost_vector(
+    actions: Sequence[str], reward_boost: Mapping[str, float]
+) -> torch.Tensor | None:
+    """`rl.reward_boost` (action name → boost) as a [A] tensor in `actions` order, or None."""
+    if not reward_boost:
+        return None
+    unknown = sorted(set(reward_boost) - set(actions))
+    if unknown:
+        raise ConfigError(
+            f"rl.reward_boost: unknown action(s) (got {unknown}); expected names from "
+            f"actions {list(actions)}"
+        )
+    return torch.tensor([float(reward_boost.get(a, 0.0)) for a in actions], dtype=torch.float32)
+
+
+class DQNTrainer(QLearningTrainer[DiscreteBatch]):
+    """(Double) DQN / SARSA with optional CQL on a network mapping [B, D] → [B, A]."""
+
+    def __init__(
+        self,
+        q_net: nn.Module,
+        hparams: DQNHyperParams,
+        *,
+        n_actions: int,
+        reward_boost_vector: torch.Tensor | None = None,
+        unwrapped: nn.Module | None = None,
+    ) -> None:
+        super().__init__(q_net, hparams, unwrapped=unwrapped)
+        self.n_actions = int(n_actions)
+        self.reward_boost: torch.Tensor | None = None
+        if reward_boost_vector is not None:
+            if reward_boost_vector.shape != (self.n_actions,):
+                raise ValueError(
+                    f"reward_boost_vector must have shape ({self.n_actions},) "
+                    f"(got {tuple(reward_boost_vector.shape)})"
+                )
+            device = next(self.online.parameters()).device
+            self.reward_boost = reward_boost_vector.to(device=device, dtype=torch.float32)
+
+    @classmethod
+    def from_config(
+        cls, q_net: nn.Module, cfg: Any, *, unwrapped: nn.Module | None = None
+    ) -> DQNTrainer:
+        """Hyper-parameters from `cfg.rl/rainbow/training`, actions from `cfg.actions`."""
+        hp = DQNHyperParams.from_config(cfg)
+        actions = list(cfg.actions)
+        return cls(
+            q_net,
+            hp,
+            n_actions=len(actions),
+            reward_boost_vector=reward_boost_vector(actions, hp.reward_boost),
+            unwrapped=unwrapped,
+        )
+
+    def _reward(self, batch: DiscreteBatch) -> torch.Tensor:
+        if self.reward_boost is None:
+            return batch.reward
+        return batch.reward + self.reward_boost[batch.action]
+
+    def _q_logged(self, batch: DiscreteBatch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        q_all = self.q_net(batch.state)
+        q = q_all.gather(1, batch.action.unsqueeze(1)).squeeze(1)
+        return q, q_all, batch.possible_actions_mask
+
+    def _next_value(self, batch: DiscreteBatch) -> torch.Tensor:
+        target_q = self.target(batch.next_state)
+        if not self.hp.maxq_learning:
+            # SARSA: the logged next action; rows without one (−1) are worth nothing.
+            na = batch.next_action
+            value = target_q.gather(1, na.clamp(min=0).unsqueeze(1)).squeeze(1)
+            return torch.where(na >= 0, value, torch.zeros_like(value))
+        mask = batch.possible_next_actions_mask
+        if not self.hp.double_q_learning:
+            return masked_max(target_q, mask)[0]
+        # Double Q: the online net picks the action, the target net values it.
+        _, best = masked_max(self.online(batch.next_state), mask)
+        value = target_q.gather(1, best.unsqueeze(1)).squeeze(1)
+        return torch.where((mask > 0).any(dim=1), value, torch.zeros_like(value))

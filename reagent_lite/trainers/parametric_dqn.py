@@ -1,0 +1,88 @@
+"""Parametric DQN: actions are feature vectors, Q(s, a) scores each candidate.
+
+Candidates come padded to K per row with a mask. The next-state value is the max over the
+valid next candidates (double Q: chosen by the online net, valued by the target net), or
+the logged next action for SARSA; a row without next candidates is terminal.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+import torch
+from torch import nn
+
+from reagent_lite.trainers.common import DQNHyperParams, QLearningTrainer, masked_max
+
+
+class ParametricBatch(Protocol):
+    """The fields of `ParametricTransitions` the trainer reads, features already normalized.
+
+    `state`, `next_state` [B, D]; `action`, `next_action` [B, G];
+    `possible_actions`, `possible_next_actions` [B, K, G] with masks [B, K] (1 = real
+    candidate); `reward`, `time_diff`, `terminal` [B] float32.
+    """
+
+    @property
+    def state(self) -> torch.Tensor: ...
+    @property
+    def action(self) -> torch.Tensor: ...
+    @property
+    def reward(self) -> torch.Tensor: ...
+    @property
+    def next_state(self) -> torch.Tensor: ...
+    @property
+    def next_action(self) -> torch.Tensor: ...
+    @property
+    def possible_actions(self) -> torch.Tensor: ...
+    @property
+    def possible_actions_mask(self) -> torch.Tensor: ...
+    @property
+    def possible_next_actions(self) -> torch.Tensor: ...
+    @property
+    def possible_next_actions_mask(self) -> torch.Tensor: ...
+    @property
+    def time_diff(self) -> torch.Tensor: ...
+    @property
+    def terminal(self) -> torch.Tensor: ...
+
+
+class ParametricDQNTrainer(QLearningTrainer[ParametricBatch]):
+    """(Double) DQN / SARSA with optional CQL on a `ParametricQNetwork`-like module.
+
+    The network must provide `forward(state [B, D], actions [B, K, G]) -> [B, K]`. The
+    logged action is scored through that same `forward` (as a one-candidate set, or
+    prepended to the CQL candidates) so that a DDP wrapper sees a single forward per step.
+    """
+
+    @classmethod
+    def from_config(
+        cls, q_net: nn.Module, cfg: Any, *, unwrapped: nn.Module | None = None
+    ) -> ParametricDQNTrainer:
+        """Hyper-parameters from `cfg.rl/rainbow/training` (`rl.reward_boost` does not apply:
+        parametric actions have no names)."""
+        return cls(q_net, DQNHyperParams.from_config(cfg), unwrapped=unwrapped)
+
+    def _terminal(self, batch: ParametricBatch) -> torch.Tensor:
+        no_next = (batch.possible_next_actions_mask > 0).any(dim=1).logical_not()
+        return torch.maximum(batch.terminal, no_next.to(batch.terminal.dtype))
+
+    def _q_logged(self, batch: ParametricBatch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        logged = batch.action.unsqueeze(1)
+        if self.hp.cql_alpha > 0.0:
+            scores = self.q_net(batch.state, torch.cat([logged, batch.possible_actions], dim=1))
+            return scores[:, 0], scores[:, 1:], batch.possible_actions_mask
+        q = self.q_net(batch.state, logged)[:, 0]
+        return q, q.unsqueeze(1), torch.ones_like(q).unsqueeze(1)
+
+    def _next_value(self, batch: ParametricBatch) -> torch.Tensor:
+        if not self.hp.maxq_learning:
+            return self.target(batch.next_state, batch.next_action.unsqueeze(1))[:, 0]
+        candidates = batch.possible_next_actions
+        mask = batch.possible_next_actions_mask
+        target_q = self.target(batch.next_state, candidates)
+        if not self.hp.double_q_learning:
+            return masked_max(target_q, mask)[0]
+        _, best = masked_max(self.online(batch.next_state, candidates), mask)
+        value = target_q.gather(1, best.unsqueeze(1)).squeeze(1)
+        return torch.where((mask > 0).any(dim=1), value, torch.zeros_like(value))

@@ -1,0 +1,80 @@
+from __future__ import annotations
+
+import pytest
+import torch
+
+from reagent_lite.errors import ConfigError
+from reagent_lite.models import MLP, build_q_network, q_network_from_config, resolve_layer_sizes
+from tests.models.helpers import config_like
+
+
+def test_shapes_and_placeholders() -> None:
+    net = build_q_network(
+        in_dim=5, n_actions=3, layers=[-1, 16, 8, -1], activations=["relu", "tanh", "linear"]
+    )
+    assert isinstance(net, MLP)
+    assert [lin.in_features for lin in net.linears] == [5, 16, 8]
+    assert net(torch.randn(7, 5)).shape == (7, 3)
+
+
+@pytest.mark.parametrize(
+    "name", ["relu", "tanh", "sigmoid", "leaky_relu", "elu", "gelu", "selu", "linear", "ReLU"]
+)
+def test_every_activation_builds(name: str) -> None:
+    net = build_q_network(in_dim=3, n_actions=2, layers=[-1, 4, -1], activations=[name, "linear"])
+    assert torch.isfinite(net(torch.randn(2, 3))).all()
+
+
+def test_linear_only_network_is_affine() -> None:
+    net = build_q_network(in_dim=3, n_actions=2, layers=[-1, -1], activations=["linear"])
+    assert isinstance(net, MLP)
+    x = torch.randn(4, 3)
+    lin = net.linear(0)
+    torch.testing.assert_close(net(x), x @ lin.weight.T + lin.bias)
+
+
+def test_layer_norm_and_dropout_only_on_hidden_layers() -> None:
+    net = build_q_network(
+        in_dim=3,
+        n_actions=2,
+        layers=[-1, 8, -1],
+        activations=["relu", "linear"],
+        dropout_ratio=0.5,
+        layer_norm=True,
+    )
+    assert isinstance(net, MLP)
+    kinds = [type(m).__name__ for m in net.tails[0]]  # type: ignore[attr-defined]
+    assert kinds == ["LayerNorm", "ReLU", "Dropout"]
+    assert type(net.tails[1]).__name__ == "Identity"
+    net.eval()
+    x = torch.randn(4, 3)
+    torch.testing.assert_close(net(x), net(x))
+
+
+def test_bad_layers_and_activations() -> None:
+    with pytest.raises(ConfigError, match="hidden sizes"):
+        resolve_layer_sizes([-1, -1, 4, -1], 3, 2)
+    with pytest.raises(ConfigError, match="does not match"):
+        resolve_layer_sizes([5, 4, -1], 3, 2)
+    assert resolve_layer_sizes([3, 4, 2], 3, 2) == [3, 4, 2]
+    with pytest.raises(ConfigError, match="one entry per linear layer"):
+        build_q_network(in_dim=3, n_actions=2, layers=[-1, 4, -1], activations=["relu"])
+    with pytest.raises(ConfigError, match="unknown activation"):
+        build_q_network(in_dim=3, n_actions=2, layers=[-1, 4, -1], activations=["swishy", "linear"])
+
+
+def test_from_config() -> None:
+    cfg = config_like(layers=[-1, 8, -1], activations=["relu", "linear"], dueling=True)
+    net = q_network_from_config(cfg, in_dim=4, n_actions=3)
+    assert type(net).__name__ == "DuelingQNetwork"
+    assert net(torch.randn(2, 4)).shape == (2, 3)
+
+
+def test_exports_with_dynamic_batch() -> None:
+    net = build_q_network(
+        in_dim=4, n_actions=3, layers=[-1, 8, -1], activations=["relu", "linear"], layer_norm=True
+    ).eval()
+    batch = torch.export.Dim("batch")
+    prog = torch.export.export(net, (torch.randn(5, 4),), dynamic_shapes=({0: batch},))
+    x = torch.randn(11, 4)
+    torch.testing.assert_close(prog.module()(x), net(x))

@@ -1,0 +1,299 @@
+from __future__ import annotations
+
+import copy
+import math
+from types import SimpleNamespace
+
+import pytest
+import torch
+from torch import nn
+
+from reagent_lite.errors import ConfigError
+from reagent_lite.models import build_q_network
+from reagent_lite.trainers import DQNHyperParams, DQNTrainer, reward_boost_vector
+from tests.trainers.helpers import (
+    discrete_batch,
+    identity_q_net,
+    random_discrete_batch,
+    set_identity,
+    slice_batch,
+)
+
+GAMMA = 0.95
+
+
+def _trainer(net: nn.Module | None = None, **hp: object) -> DQNTrainer:
+    params = DQNHyperParams(**{"gamma": GAMMA, "double_q_learning": False, **hp})  # type: ignore[arg-type]
+    return DQNTrainer(identity_q_net() if net is None else net, params, n_actions=2)
+
+
+@pytest.mark.parametrize("double_q", [False, True])
+def test_constant_reward_converges_to_geometric_sum(double_q: bool) -> None:
+    """ReAgent's sanity check: reward 1 forever, γ = 0.95 ⇒ Q = 1 / (1 − γ) = 20."""
+    torch.manual_seed(0)
+    net = build_q_network(
+        in_dim=4, n_actions=2, layers=[-1, 32, 32, -1], activations=["relu", "relu", "linear"]
+    )
+    trainer = _trainer(net, double_q_learning=double_q, target_update_rate=0.5, learning_rate=1e-2)
+    for _ in range(800):
+        trainer.train_step([random_discrete_batch(64, 4, 2)])
+    q = net(torch.randn(512, 4)).detach()
+    assert q.mean().item() == pytest.approx(20.0, rel=0.1)
+    assert ((q - 20.0).abs() < 2.0).all()
+
+
+def test_sarsa_uses_logged_next_action() -> None:
+    trainer = _trainer(maxq_learning=False)
+    batch = discrete_batch(
+        [[0, 0], [0, 0]], [0, 0], [1.0, 2.0], [[1.0, 5.0], [3.0, 2.0]], next_action=[0, 1]
+    )
+    expect = torch.tensor([1.0 + GAMMA * 1.0, 2.0 + GAMMA * 2.0])
+    torch.testing.assert_close(trainer.compute_target(batch), expect)
+    # A missing next action (−1) contributes nothing.
+    batch.next_action = torch.tensor([-1, 1])
+    expect = torch.tensor([1.0, 2.0 + GAMMA * 2.0])
+    torch.testing.assert_close(trainer.compute_target(batch), expect)
+
+
+@pytest.mark.parametrize("double_q", [False, True])
+def test_impossible_next_actions_are_masked(double_q: bool) -> None:
+    trainer = _trainer(double_q_learning=double_q)
+    next_state = [[1.0, 5.0], [3.0, 2.0]]
+    batch = discrete_batch([[0, 0], [0, 0]], [0, 0], [1.0, 1.0], next_state)
+    torch.testing.assert_close(
+        trainer.compute_target(batch), torch.tensor([1 + GAMMA * 5, 1 + GAMMA * 3])
+    )
+    # Row 0 may only take action 0 (worth 1, not 5); row 1 has no possible action → 0.
+    batch.possible_next_actions_mask = torch.tensor([[1.0, 0.0], [0.0, 0.0]])
+    torch.testing.assert_close(trainer.compute_target(batch), torch.tensor([1 + GAMMA * 1, 1.0]))
+
+
+def test_double_q_picks_with_online_and_values_with_target() -> None:
+    batch = discrete_batch([[0, 0]], [0], [0.0], [[1.0, 5.0]])
+    plain, double = _trainer(double_q_learning=False), _trainer(double_q_learning=True)
+    for trainer in (plain, double):
+        set_identity(trainer.target, -1.0)  # target Q(s') = [-1, -5]; online = [1, 5]
+    # Plain: max of target = −1. Double: online picks action 1, target values it at −5.
+    torch.testing.assert_close(plain.compute_target(batch), torch.tensor([GAMMA * -1.0]))
+    torch.testing.assert_close(double.compute_target(batch), torch.tensor([GAMMA * -5.0]))
+
+
+@pytest.mark.parametrize("use_time_diff", [False, True])
+def test_discount_by_time_diff(use_time_diff: bool) -> None:
+    trainer = _trainer(use_seq_num_diff_as_time_diff=use_time_diff)
+    batch = discrete_batch(
+        [[0, 0], [0, 0]], [0, 0], [0.0, 0.0], [[2.0, 0.0], [2.0, 0.0]], time_diff=[1, 3]
+    )
+    power = torch.tensor([1.0, 3.0]) if use_time_diff else torch.ones(2)
+    torch.testing.assert_close(trainer.compute_target(batch), 2.0 * GAMMA**power)
+
+
+def test_terminal_rows_use_only_reward() -> None:
+    trainer = _trainer()
+    batch = discrete_batch(
+        [[0, 0], [0, 0]], [0, 0], [1.5, 2.5], [[9.0, 9.0], [9.0, 9.0]], terminal=[1, 0]
+    )
+    torch.testing.assert_close(trainer.compute_target(batch), torch.tensor([1.5, 2.5 + GAMMA * 9]))
+
+
+@pytest.mark.parametrize(
+    ("kind", "expect"), [("mse", (9.0 + 0.25) / 2), ("huber", (2.5 + 0.125) / 2)]
+)
+def test_td_loss_kinds(kind: str, expect: float) -> None:
+    trainer = _trainer(q_network_loss=kind)
+    # Terminal rows with reward 0: TD errors are the logged Q-values 3 and 0.5.
+    batch = discrete_batch(
+        [[3.0, 0.0], [0.0, 0.5]], [0, 1], [0.0, 0.0], [[0, 0], [0, 0]], terminal=[1, 1]
+    )
+    record = trainer.compute_loss(batch)
+    assert record.td_loss.item() == pytest.approx(expect)
+    assert record.total.item() == pytest.approx(expect)
+    assert record.mean_q.item() == pytest.approx(1.75)
+
+
+def test_cql_term_by_hand() -> None:
+    trainer = _trainer(cql_alpha=0.5)
+    batch = discrete_batch(
+        [[1.0, 2.0], [0.0, 3.0]],
+        [0, 0],
+        [1.0, 0.0],
+        [[0, 0], [0, 0]],
+        mask=[[1, 1], [1, 0]],
+        terminal=[1, 1],
+    )
+    # Row 0: logsumexp(1, 2) − 1; row 1: only action 0 is possible, logsumexp(0) − 0 = 0.
+    cql = (math.log(math.exp(1) + math.exp(2)) - 1.0 + 0.0) / 2
+    td = ((1.0 - 1.0) ** 2 + (0.0 - 0.0) ** 2) / 2
+    record = trainer.compute_loss(batch)
+    assert record.cql_loss.item() == pytest.approx(cql)
+    assert record.total.item() == pytest.approx(td + 0.5 * cql)
+    assert record.total.requires_grad and not record.cql_loss.requires_grad
+
+
+def test_reward_boost_applied_to_logged_action() -> None:
+    boost = reward_boost_vector(["left", "right"], {"right": 10.0})
+    assert boost is not None
+    trainer = DQNTrainer(
+        identity_q_net(), DQNHyperParams(gamma=GAMMA), n_actions=2, reward_boost_vector=boost
+    )
+    batch = discrete_batch([[0, 0], [0, 0]], [0, 1], [1.0, 1.0], [[0, 0], [0, 0]], terminal=[1, 1])
+    torch.testing.assert_close(trainer.compute_target(batch), torch.tensor([1.0, 11.0]))
+    assert reward_boost_vector(["a"], {}) is None
+    with pytest.raises(ConfigError, match="unknown action"):
+        reward_boost_vector(["left"], {"up": 1.0})
+
+
+@pytest.mark.parametrize("optimizer", ["sgd", "adam"])
+def test_accumulation_equals_one_big_batch(optimizer: str) -> None:
+    torch.manual_seed(1)
+    net = build_q_network(
+        in_dim=3, n_actions=2, layers=[-1, 16, -1], activations=["relu", "linear"]
+    )
+    hp = {"optimizer": optimizer, "learning_rate": 0.05, "cql_alpha": 0.3, "clip_grad_norm": 10.0}
+    big = _trainer(copy.deepcopy(net), **hp)
+    accum = _trainer(copy.deepcopy(net), minibatches_per_step=2, **hp)
+    for _ in range(3):
+        batch = random_discrete_batch(32, 3, 2)
+        rec_big = big.train_step([batch])
+        rec_acc = accum.train_step([slice_batch(batch, 0, 16), slice_batch(batch, 16, 32)])
+        torch.testing.assert_close(rec_big.total, rec_acc.total, rtol=1e-5, atol=1e-6)
+    for a, b in zip(big.online.parameters(), accum.online.parameters(), strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-6)
+    for a, b in zip(big.target.parameters(), accum.target.parameters(), strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-6)
+
+
+def test_soft_target_update_is_exact() -> None:
+    torch.manual_seed(2)
+    net = build_q_network(in_dim=3, n_actions=2, layers=[-1, 8, -1], activations=["relu", "linear"])
+    trainer = _trainer(net, target_update_rate=0.25, optimizer="sgd", learning_rate=0.1)
+    with torch.no_grad():
+        for p in trainer.target.parameters():
+            p.add_(torch.randn_like(p))
+    before = [p.clone() for p in trainer.target.parameters()]
+    trainer.train_step([random_discrete_batch(8, 3, 2)])
+    for t_new, t_old, o in zip(trainer.target.parameters(), before, net.parameters(), strict=True):
+        torch.testing.assert_close(t_new, 0.75 * t_old + 0.25 * o.detach(), rtol=0, atol=1e-6)
+        assert not t_new.requires_grad
+
+
+def test_clip_grad_norm_bounds_the_update() -> None:
+    trainer = _trainer(optimizer="sgd", learning_rate=1.0, clip_grad_norm=0.1)
+    before = [p.clone() for p in trainer.online.parameters()]
+    batch = discrete_batch([[30.0, 0.0]], [0], [0.0], [[0, 0]], terminal=[1])
+    trainer.train_step([batch])
+    step = torch.cat(
+        [(p - b).flatten() for p, b in zip(trainer.online.parameters(), before, strict=True)]
+    )
+    assert step.norm().item() == pytest.approx(0.1, rel=1e-4)
+
+
+def test_train_step_returns_detached_tensors_and_lr_decays() -> None:
+    trainer = _trainer(lr_decay=0.5, learning_rate=0.1)
+    record = trainer.train_step([random_discrete_batch(4, 2, 2)])
+    for value in (record.td_loss, record.cql_loss, record.total, record.mean_q):
+        assert isinstance(value, torch.Tensor) and value.ndim == 0 and not value.requires_grad
+    assert set(record.as_floats()) == {"td_loss", "cql_loss", "loss", "mean_q"}
+    trainer.on_epoch_end()
+    assert trainer.optimizer.param_groups[0]["lr"] == pytest.approx(0.05)
+
+
+def test_state_dict_round_trip() -> None:
+    torch.manual_seed(3)
+
+    def make() -> DQNTrainer:
+        net = build_q_network(
+            in_dim=3, n_actions=2, layers=[-1, 8, -1], activations=["relu", "linear"]
+        )
+        return _trainer(net, lr_decay=0.9, target_update_rate=0.1)
+
+    first = make()
+    for _ in range(3):
+        first.train_step([random_discrete_batch(8, 3, 2)])
+    first.on_epoch_end()
+    second = make()
+    second.load_state_dict(copy.deepcopy(first.state_dict()))
+    batch = random_discrete_batch(8, 3, 2)
+    first.train_step([batch])
+    second.train_step([batch])
+    for a, b in zip(
+        first.state_dict()["q_net"].values(), second.state_dict()["q_net"].values(), strict=True
+    ):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+    for a, b in zip(first.target.parameters(), second.target.parameters(), strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+    assert second.scheduler.get_last_lr() == first.scheduler.get_last_lr()
+
+
+class _Wrapper(nn.Module):
+    """Stands in for DDP: the real module sits under `.module`."""
+
+    def __init__(self, module: nn.Module) -> None:
+        super().__init__()
+        self.module = module
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.module(x)
+
+
+def test_wrapped_network_keeps_unwrapped_target_and_state_dict() -> None:
+    inner = identity_q_net()
+    trainer = _trainer(_Wrapper(inner))
+    assert trainer.online is inner
+    assert type(trainer.target) is type(inner)
+    assert all(not k.startswith("module.") for k in trainer.state_dict()["q_net"])
+    trainer.train_step([random_discrete_batch(4, 2, 2)])
+
+
+def test_real_ddp_with_accumulation(tmp_path: object) -> None:
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path}/store", rank=0, world_size=1)
+    try:
+        torch.manual_seed(4)
+        net = build_q_network(
+            in_dim=3, n_actions=2, layers=[-1, 8, -1], activations=["relu", "linear"]
+        )
+        plain = _trainer(copy.deepcopy(net), optimizer="sgd", learning_rate=0.1)
+        ddp = _trainer(DistributedDataParallel(net), optimizer="sgd", learning_rate=0.1)
+        assert ddp.online is net
+        batch = random_discrete_batch(16, 3, 2)
+        plain.train_step([batch])
+        ddp.train_step([slice_batch(batch, 0, 8), slice_batch(batch, 8, 16)])
+        for a, b in zip(plain.online.parameters(), net.parameters(), strict=True):
+            torch.testing.assert_close(a, b, rtol=0, atol=1e-6)
+    finally:
+        dist.destroy_process_group()
+
+
+def test_hyper_params_from_horizon_style_config() -> None:
+    cfg = SimpleNamespace(
+        rl=SimpleNamespace(
+            gamma=0.9,
+            target_update_rate=0.1,
+            maxq_learning=1,
+            q_network_loss="HUBER",
+            reward_boost={"a": 1.0},
+            use_seq_num_diff_as_time_diff=True,
+        ),
+        rainbow=SimpleNamespace(double_q_learning=False),
+        training=SimpleNamespace(
+            learning_rate=0.01,
+            optimizer="ADAM",
+            l2_decay=0.001,
+            lr_decay=0.99,
+            clip_grad_norm=None,
+            minibatches_per_step=2,
+            cql_alpha=0.1,
+        ),
+        actions=["a", "b"],
+    )
+    hp = DQNHyperParams.from_config(cfg)
+    assert hp.maxq_learning is True and hp.optimizer == "adam" and hp.q_network_loss == "huber"
+    assert hp.double_q_learning is False and hp.minibatches_per_step == 2
+    trainer = DQNTrainer.from_config(identity_q_net(), cfg)
+    assert trainer.reward_boost is not None and trainer.reward_boost.tolist() == [1.0, 0.0]
+    assert trainer.optimizer.param_groups[0]["weight_decay"] == pytest.approx(0.001)
+    with pytest.raises(ConfigError, match="optimizer"):
+        DQNHyperParams(optimizer="lbfgs")
