@@ -1,0 +1,128 @@
+"""The command line shared by the workflows, and the one place errors become exit codes.
+
+    python -m workflows.dqn_workflow --config x.json [--node_index=n] [--dry_run]
+                                     [--resume] [--run_id ID]
+
+Flag problems exit 2 (argparse's usage message); a `ReagentLiteError` prints its message
+(no traceback) and exits with its `exit_code`; Ctrl-C exits 130.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from reagent_lite.errors import ConfigError, ReagentLiteError
+
+
+@dataclass(frozen=True)
+class WorkflowArgs:
+    """The parsed flags of a workflow run."""
+
+    config: Path
+    node_index: int
+    dry_run: bool = False
+    resume: bool = False
+    run_id: str | None = None
+
+
+def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog=prog,
+        description="Train a Q-network offline from logged transitions, as the JSON config says.",
+    )
+    parser.add_argument(
+        "--config",
+        "-c",
+        "--parameters",
+        "-p",  # Horizon's workflows took the config as -p/--parameters
+        dest="config",
+        type=Path,
+        required=True,
+        help="workflow config (JSON); relative paths in it resolve against the working dir",
+    )
+    parser.add_argument(
+        "--node_index",
+        "--node-index",
+        dest="node_index",
+        type=int,
+        default=None,
+        help="index of this machine in [0, num_nodes) (default: $SLURM_NODEID, else 0)",
+    )
+    parser.add_argument(
+        "--dry_run",
+        "--dry-run",
+        dest="dry_run",
+        action="store_true",
+        help="validate the config and data, print the resolved plan and exit",
+    )
+    parser.add_argument(
+        "--resume", action="store_true", help="continue from the last checkpoint in the output"
+    )
+    parser.add_argument(
+        "--run_id",
+        "--run-id",
+        dest="run_id",
+        default=None,
+        help="name of this run, shared by all nodes (keeps a re-run apart from a crashed one)",
+    )
+    return parser
+
+
+def parse_workflow_args(
+    argv: Sequence[str] | None = None,
+    *,
+    prog: str | None = None,
+    env: Mapping[str, str] | None = None,
+) -> WorkflowArgs:
+    """Parse workflow flags; bad flags exit 2 with argparse's usage message."""
+    args = build_parser(prog).parse_args(argv)
+    node_index = args.node_index
+    if node_index is None:
+        env = os.environ if env is None else env
+        slurm = env.get("SLURM_NODEID", "").strip()
+        if slurm:
+            try:
+                node_index = int(slurm)
+            except ValueError:
+                raise ConfigError(
+                    f"SLURM_NODEID: expected an integer node index (got {slurm!r})"
+                ) from None
+        else:
+            node_index = 0
+    if args.run_id is not None and not args.run_id.strip():
+        raise ConfigError("--run_id: must not be empty (got '')")
+    return WorkflowArgs(
+        config=args.config,
+        node_index=node_index,
+        dry_run=args.dry_run,
+        resume=args.resume,
+        run_id=args.run_id,
+    )
+
+
+def configure_logging(level: int = logging.INFO) -> None:
+    """Plain `LEVEL name: message` lines on stderr, unless the caller configured logging."""
+    root = logging.getLogger()
+    if not root.handlers:
+        logging.basicConfig(
+            level=level, format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr
+        )
+
+
+def run_cli(main_fn: Callable[[], None]) -> None:
+    """Run `main_fn`; turn a `ReagentLiteError` into its message and exit code."""
+    try:
+        main_fn()
+    except ReagentLiteError as err:
+        sys.stdout.flush()
+        print(str(err), file=sys.stderr)
+        sys.exit(err.exit_code)
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        sys.exit(130)

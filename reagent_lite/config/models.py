@@ -1,0 +1,545 @@
+"""Pydantic models of the workflow configs (key names follow ReAgent/Horizon's JSON workflows).
+
+Every model is frozen, strict (JSON types only: `"256"` is not an int) and forbids unknown
+keys; every field carries a description, which flows into the JSON Schema in `schemas/`.
+Paths are kept as written; relative ones resolve against the current working directory
+of the process that reads the config (`resolved()` turns them into absolute paths once).
+
+Cross-field problems are raised as `ConfigProblem`s so that the loader can point at the
+exact JSON path (`training.layers[2]`) rather than at the enclosing object.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    WithJsonSchema,
+    field_validator,
+    model_validator,
+)
+from typing_extensions import Self
+
+ACTIVATIONS = frozenset(
+    {"relu", "tanh", "sigmoid", "leaky_relu", "elu", "gelu", "selu", "linear", "identity"}
+)
+OPTIMIZERS = ("adam", "adamw", "sgd", "rmsprop")
+
+
+class ConfigProblem(ValueError):
+    """A semantic problem at `path` (relative to the model that raised it).
+
+    Pydantic keeps the raised exception in the error's context, so the loader can extend
+    the error location with `path` and report `value` as what it got.
+    """
+
+    def __init__(self, path: tuple[str | int, ...], message: str, value: Any = None) -> None:
+        super().__init__(message)
+        self.path = path
+        self.message = message
+        self.value = value
+
+
+def _int_to_bool(value: Any) -> Any:
+    # Horizon wrote flags as 0/1; accept exactly those two integers, nothing looser.
+    if type(value) is int and value in (0, 1):
+        return bool(value)
+    return value
+
+
+# A bool that also accepts Horizon's 0/1 (the schema says so too, so editors agree).
+FlexBool = Annotated[
+    bool,
+    BeforeValidator(_int_to_bool),
+    WithJsonSchema({"anyOf": [{"type": "boolean"}, {"enum": [0, 1]}]}),
+]
+
+
+def _lower(value: Any) -> Any:
+    return value.lower() if isinstance(value, str) else value
+
+
+OptimizerName = Annotated[
+    Literal["adam", "adamw", "sgd", "rmsprop"],
+    BeforeValidator(_lower),
+    WithJsonSchema({"enum": [*OPTIMIZERS, *(o.upper() for o in OPTIMIZERS)], "type": "string"}),
+]
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid", strict=True)
+
+
+class RLParameters(_Model):
+    """Reinforcement-learning parameters (Horizon's `rl` block)."""
+
+    gamma: float = Field(default=0.99, ge=0.0, le=1.0, description="Discount factor, 0 ≤ γ ≤ 1.")
+    target_update_rate: float = Field(
+        default=0.01,
+        gt=0.0,
+        le=1.0,
+        description="Soft target-network update rate τ (0 < τ ≤ 1; 1 copies the network).",
+    )
+    maxq_learning: FlexBool = Field(
+        default=True,
+        description="Q-learning (max over possible next actions) if true, SARSA (the logged "
+        "next action) if false. Accepts Horizon's 0/1.",
+    )
+    temperature: float = Field(
+        default=1.0, gt=0.0, description="Softmax temperature of the evaluated policy (> 0)."
+    )
+    reward_boost: dict[str, float] = Field(
+        default_factory=dict,
+        description="Action name → reward added to transitions that took that action.",
+    )
+    use_seq_num_diff_as_time_diff: FlexBool = Field(
+        default=False,
+        description="Use the sequence-number gap between steps as time_diff (discount γ^Δ).",
+    )
+    q_network_loss: Literal["mse", "huber"] = Field(
+        default="mse", description="TD loss: mean squared error or Huber (smooth L1)."
+    )
+    softmax_policy: FlexBool = Field(
+        default=False,
+        description="Evaluate a softmax policy over Q/temperature instead of the greedy one. "
+        "Accepts Horizon's 0/1.",
+    )
+    epsilon: float = Field(
+        default=0.0,
+        ge=0.0,
+        le=1.0,
+        description="Exploration ε mixed into the evaluated policy (0 = greedy).",
+    )
+
+
+class RainbowParameters(_Model):
+    """Rainbow DQN switches (Horizon's `rainbow` block)."""
+
+    double_q_learning: bool = Field(
+        default=True, description="Double Q-learning: the online network picks the next action."
+    )
+    dueling_architecture: bool = Field(
+        default=False, description="Dueling value/advantage heads (discrete actions only)."
+    )
+
+
+class TrainingParameters(_Model):
+    """Network shape and optimizer (Horizon's `training` block)."""
+
+    layers: list[Annotated[int, Field(ge=-1)]] = Field(
+        default_factory=lambda: [-1, 256, 256, -1],
+        min_length=2,
+        description="Layer sizes, input first. A -1 at the first/last position is a "
+        "placeholder for the input size / output size taken from the data; -1 anywhere "
+        "else is an error.",
+    )
+    activations: list[str] = Field(
+        default_factory=lambda: ["relu", "relu", "linear"],
+        description="Activation after each linear layer (len(layers) - 1 entries), one of "
+        + ", ".join(sorted(ACTIVATIONS))
+        + " (case-insensitive; linear = identity).",
+    )
+    minibatch_size: int = Field(
+        default=1024, ge=1, description="Minibatch size per process (not multiplied by GPU count)."
+    )
+    learning_rate: float = Field(default=1e-3, gt=0.0, description="Optimizer learning rate (> 0).")
+    optimizer: OptimizerName = Field(
+        default="adam", description="Optimizer: adam, adamw, sgd or rmsprop (case-insensitive)."
+    )
+    l2_decay: float = Field(default=0.0, ge=0.0, description="L2 weight decay (≥ 0).")
+    lr_decay: float = Field(
+        default=1.0,
+        gt=0.0,
+        le=1.0,
+        description="Multiplicative learning-rate decay applied after each epoch (0 < d ≤ 1).",
+    )
+    clip_grad_norm: float | None = Field(
+        default=None,
+        gt=0.0,
+        description="Clip the gradient norm to this value (null = no clipping).",
+    )
+    dropout_ratio: float = Field(
+        default=0.0,
+        ge=0.0,
+        lt=1.0,
+        description="Dropout probability after hidden layers (0 ≤ p < 1).",
+    )
+    layer_norm: bool = Field(default=False, description="LayerNorm after each hidden linear layer.")
+    warm_start_model_path: str | None = Field(
+        default=None,
+        description="Checkpoint to initialise the Q-network from (relative to the working "
+        "directory).",
+    )
+    minibatches_per_step: int = Field(
+        default=1, ge=1, description="Gradient-accumulation minibatches per optimizer step."
+    )
+    cql_alpha: float = Field(
+        default=0.0, ge=0.0, description="Conservative Q-learning regulariser weight (0 = off)."
+    )
+    steps_per_epoch: int | None = Field(
+        default=None,
+        ge=1,
+        description="Optimizer steps per epoch, identical on every rank (null = one pass "
+        "over the largest shard).",
+    )
+    scale_lr_with_world_size: bool = Field(
+        default=False, description="Multiply learning_rate by the world size (linear scaling rule)."
+    )
+
+    @field_validator("activations")
+    @classmethod
+    def _known_activations(cls, value: list[str]) -> list[str]:
+        out = []
+        for i, name in enumerate(value):
+            if name.lower() not in ACTIVATIONS:
+                raise ConfigProblem(
+                    (i,), f"unknown activation; expected one of {sorted(ACTIVATIONS)}", name
+                )
+            out.append(name.lower())
+        return out
+
+    @model_validator(mode="after")
+    def _shape(self) -> TrainingParameters:
+        last = len(self.layers) - 1
+        for i, size in enumerate(self.layers):
+            if size == -1 and 0 < i < last:
+                raise ConfigProblem(
+                    ("layers", i),
+                    "-1 is only allowed as the first or last entry (input/output placeholder)",
+                    size,
+                )
+            if size == 0:
+                raise ConfigProblem(("layers", i), "layer sizes must be positive or -1", size)
+        if len(self.activations) != len(self.layers) - 1:
+            raise ConfigProblem(
+                ("activations",),
+                f"needs len(layers) - 1 = {len(self.layers) - 1} entries, one per linear "
+                f"layer, but has {len(self.activations)}",
+                self.activations,
+            )
+        return self
+
+
+class EvaluationParameters(_Model):
+    """Counterfactual policy evaluation and model selection."""
+
+    calc_cpe_in_training: bool = Field(
+        default=True,
+        description="Run counterfactual policy evaluation on eval data after each epoch.",
+    )
+    bootstrap_samples: int = Field(
+        default=200, ge=0, description="Bootstrap resamples for CPE standard errors (0 = none)."
+    )
+    online_episodes: int = Field(
+        default=0,
+        ge=0,
+        description="If > 0, roll the exported model out for this many episodes in the "
+        "environment of `sample_data` (requires a sample_data block).",
+    )
+    model_selection: Literal["last", "td_error", "cpe"] = Field(
+        default="last",
+        description="Which epoch's model is exported: the last, the lowest eval TD error, "
+        "or the best CPE estimate.",
+    )
+
+
+class SampleDataParameters(_Model):
+    """Generate logged data when `training_data_path` does not exist (rank 0, before training)."""
+
+    kind: Literal["gym", "synthetic_parametric"] = Field(
+        default="gym",
+        description="gym: log episodes of a gymnasium env; synthetic_parametric: a synthetic "
+        "environment whose actions are feature vectors (parametric_dqn only).",
+    )
+    env: str = Field(default="CartPole-v1", description="gymnasium environment id (kind = gym).")
+    episodes: int = Field(default=200, ge=1, description="Number of episodes to log.")
+    policy: Literal["random", "epsilon_greedy"] = Field(
+        default="random", description="Logging policy: uniform random or ε-greedy."
+    )
+    epsilon: float = Field(
+        default=0.1, ge=0.0, le=1.0, description="ε of the epsilon_greedy logging policy."
+    )
+    seed: int = Field(default=0, description="Seed of the environment and the logging policy.")
+    eval_fraction: float = Field(
+        default=0.1,
+        ge=0.0,
+        lt=1.0,
+        description="Fraction of episodes written to eval_data_path instead of training.",
+    )
+
+
+class NormParams(_Model):
+    """Horizon's `norm_params` block: only `num_samples` has an effect here."""
+
+    output_dir: str | None = Field(
+        default=None,
+        description="Horizon compatibility only (ignored): normalization is written into "
+        "model_output_path.",
+    )
+    cols_to_norm: list[str] | None = Field(
+        default=None,
+        description="Horizon compatibility only (ignored): the state (and, for parametric, "
+        "action) feature columns are always normalized.",
+    )
+    num_samples: int | None = Field(
+        default=None,
+        ge=1,
+        description="Rows sampled to fit normalization; sets normalization_sample_size when "
+        "that is not given.",
+    )
+
+
+def _check_file_url(value: str) -> None:
+    if not value.startswith("file://"):
+        raise ConfigProblem((), "must be a file:// URL on a filesystem all nodes share", value)
+    path = value[len("file://") :]
+    if not path.startswith("/"):
+        raise ConfigProblem(
+            (), "must be an absolute file URL such as file:///shared/dir/rendezvous", value
+        )
+    if path.rstrip("/") == "":
+        raise ConfigProblem((), "names no file", value)
+
+
+class BaseWorkflowConfig(_Model):
+    """What both workflows share."""
+
+    training_data_path: str = Field(
+        description="Training table: a Parquet/JSONL file or a directory of part files "
+        "(relative paths resolve against the current working directory)."
+    )
+    eval_data_path: str | None = Field(
+        default=None, description="Evaluation table for CPE (null = no counterfactual evaluation)."
+    )
+    state_norm_data_path: str | None = Field(
+        default=None,
+        description="State normalization JSON; null = fit it from the data and write it into "
+        "model_output_path.",
+    )
+    model_output_path: str = Field(
+        description="Output directory (model.pt2, model_meta.json, metrics, checkpoints)."
+    )
+    use_gpu: bool = Field(
+        default=True, description="Train on CUDA when available (else CPU + warning)."
+    )
+    use_all_avail_gpus: bool = Field(
+        default=True, description="Start one process per visible GPU on each node (DDP)."
+    )
+    num_nodes: int = Field(
+        default=1, ge=1, description="Number of machines; each is started with --node_index=n."
+    )
+    init_method: str | None = Field(
+        default=None,
+        description="file:///absolute/path of the rendezvous file on a filesystem all nodes "
+        "share. Required when num_nodes > 1. When null and one node runs several processes "
+        "(use_all_avail_gpus with several GPUs), it defaults at launch to the file "
+        "'.rendezvous' inside model_output_path.",
+        json_schema_extra={"pattern": "^file:///"},
+    )
+    epochs: int = Field(default=10, ge=1, description="Passes over the data (see steps_per_epoch).")
+    seed: int = Field(default=0, description="Seed for initialisation, shuffling and sampling.")
+    rendezvous_timeout_s: float = Field(
+        default=600, gt=0, description="Seconds a node waits for the other nodes to arrive."
+    )
+    collective_timeout_s: float = Field(
+        default=1800, gt=0, description="Seconds a rank waits on a dead peer mid-training."
+    )
+    checkpoint_every_epochs: int = Field(
+        default=1, ge=0, description="Write a checkpoint every this many epochs (0 = never)."
+    )
+    log_every_steps: int = Field(
+        default=100, ge=1, description="Log the loss every this many steps."
+    )
+    device_resident_data: bool = Field(
+        default=True, description="Keep each rank's shard on its device (fast path when it fits)."
+    )
+    cuda_graphs: bool = Field(
+        default=True, description="Capture the training step in a CUDA graph when on GPU."
+    )
+    data_parallel: Literal["ddp", "dp"] = Field(
+        default="ddp",
+        description="ddp: one process per GPU (default); dp: one process with DataParallel "
+        "(single node only).",
+    )
+    normalization_sample_size: int = Field(
+        default=100000, ge=1, description="Rows sampled to identify and fit feature normalization."
+    )
+    drop_bad_rows: bool = Field(
+        default=False, description="Drop (and count) invalid data rows instead of failing."
+    )
+    rl: RLParameters = Field(default_factory=lambda: RLParameters(), description="RL parameters.")
+    rainbow: RainbowParameters = Field(
+        default_factory=lambda: RainbowParameters(), description="Rainbow DQN switches."
+    )
+    training: TrainingParameters = Field(
+        default_factory=lambda: TrainingParameters(), description="Network and optimizer."
+    )
+    evaluation: EvaluationParameters = Field(
+        default_factory=lambda: EvaluationParameters(), description="Counterfactual evaluation."
+    )
+    sample_data: SampleDataParameters | None = Field(
+        default=None, description="Generate the data when training_data_path does not exist."
+    )
+    norm_params: NormParams | None = Field(
+        default=None, description="Horizon's norm_params (num_samples sets the sample size)."
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _norm_params_sample_size(cls, data: Any) -> Any:
+        # Horizon's norm_params.num_samples sets the sample size unless given explicitly.
+        if isinstance(data, dict) and "normalization_sample_size" not in data:
+            norm = data.get("norm_params")
+            if isinstance(norm, dict) and type(norm.get("num_samples")) is int:
+                data = {**data, "normalization_sample_size": norm["num_samples"]}
+        return data
+
+    @field_validator("init_method")
+    @classmethod
+    def _file_url(cls, value: str | None) -> str | None:
+        if value is not None:
+            _check_file_url(value)
+        return value
+
+    @model_validator(mode="after")
+    def _launch(self) -> BaseWorkflowConfig:
+        if self.num_nodes > 1 and self.init_method is None:
+            raise ConfigProblem(
+                ("init_method",),
+                f"required when num_nodes > 1 (num_nodes = {self.num_nodes}): a "
+                "file:///... URL on a filesystem all nodes share",
+                None,
+            )
+        if self.data_parallel == "dp" and self.num_nodes > 1:
+            raise ConfigProblem(
+                ("data_parallel",), "'dp' runs on a single node; use 'ddp'", self.data_parallel
+            )
+        if self.evaluation.online_episodes > 0 and self.sample_data is None:
+            raise ConfigProblem(
+                ("evaluation", "online_episodes"),
+                "needs a sample_data block naming the environment to roll out in",
+                self.evaluation.online_episodes,
+            )
+        return self
+
+    def resolved(self, base: Path | None = None) -> Self:
+        """A copy whose relative paths are made absolute against `base` (default: cwd)."""
+        root = (base or Path.cwd()).resolve()
+
+        def fix(p: str | None) -> str | None:
+            return None if p is None else str((root / Path(p).expanduser()).resolve())
+
+        update: dict[str, Any] = {name: fix(getattr(self, name)) for name in self._path_fields()}
+        if self.training.warm_start_model_path is not None:
+            update["training"] = self.training.model_copy(
+                update={"warm_start_model_path": fix(self.training.warm_start_model_path)}
+            )
+        return self.model_copy(update=update)
+
+    def _path_fields(self) -> list[str]:
+        return [
+            "training_data_path",
+            "eval_data_path",
+            "state_norm_data_path",
+            "model_output_path",
+        ]
+
+
+class DQNWorkflowConfig(BaseWorkflowConfig):
+    """Discrete-action DQN workflow (`python -m workflows.dqn_workflow`)."""
+
+    model_config = ConfigDict(title="DQN workflow config")
+
+    workflow: Literal["dqn"] = Field(
+        default="dqn",
+        description="Which workflow this config is for (lets tools tell configs apart).",
+    )
+    actions: list[str] = Field(
+        min_length=1, description="Action names, as logged in the data's `action` column."
+    )
+
+    @field_validator("actions")
+    @classmethod
+    def _unique_actions(cls, value: list[str]) -> list[str]:
+        seen: set[str] = set()
+        for i, name in enumerate(value):
+            if name == "":
+                raise ConfigProblem((i,), "action names must be non-empty", name)
+            if name in seen:
+                raise ConfigProblem((i,), "duplicate action name", name)
+            seen.add(name)
+        return value
+
+    @model_validator(mode="after")
+    def _actions_consistent(self) -> DQNWorkflowConfig:
+        for name in self.rl.reward_boost:
+            if name not in self.actions:
+                raise ConfigProblem(
+                    ("rl", "reward_boost", name),
+                    f"not one of the actions {self.actions}",
+                    name,
+                )
+        last = self.training.layers[-1]
+        if last not in (-1, len(self.actions)):
+            raise ConfigProblem(
+                ("training", "layers", len(self.training.layers) - 1),
+                f"output size must be -1 or the number of actions ({len(self.actions)})",
+                last,
+            )
+        if self.sample_data is not None and self.sample_data.kind != "gym":
+            raise ConfigProblem(
+                ("sample_data", "kind"),
+                "the dqn workflow needs gym sample data",
+                self.sample_data.kind,
+            )
+        return self
+
+
+class ParametricDQNWorkflowConfig(BaseWorkflowConfig):
+    """Parametric-action DQN workflow (`python -m workflows.parametric_dqn_workflow`)."""
+
+    model_config = ConfigDict(title="Parametric DQN workflow config")
+
+    workflow: Literal["parametric_dqn"] = Field(
+        default="parametric_dqn",
+        description="Which workflow this config is for (lets tools tell configs apart).",
+    )
+    action_norm_data_path: str | None = Field(
+        default=None,
+        description="Action-feature normalization JSON; null = fit it from the data and "
+        "write it into model_output_path.",
+    )
+    max_candidates: int | None = Field(
+        default=None,
+        ge=1,
+        description="Pad possible actions to this many candidates (null = the maximum in "
+        "the data).",
+    )
+
+    @model_validator(mode="after")
+    def _single_output(self) -> ParametricDQNWorkflowConfig:
+        last = self.training.layers[-1]
+        if last not in (-1, 1):
+            raise ConfigProblem(
+                ("training", "layers", len(self.training.layers) - 1),
+                "output size of a parametric Q-network must be -1 or 1",
+                last,
+            )
+        if self.rainbow.dueling_architecture:
+            raise ConfigProblem(
+                ("rainbow", "dueling_architecture"),
+                "not supported by parametric_dqn (one Q-value per candidate)",
+                True,
+            )
+        return self
+
+    def _path_fields(self) -> list[str]:
+        return [*super()._path_fields(), "action_norm_data_path"]
+
+
+WorkflowConfig = DQNWorkflowConfig | ParametricDQNWorkflowConfig
