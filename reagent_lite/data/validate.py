@@ -1,0 +1,393 @@
+"""Checks of a training table against SPEC §2.1, before anything is tensorized.
+
+Structural problems (a missing column, a column of the wrong type, an empty table) always
+raise `DataError`. Row problems (NaN rewards, unknown action names, propensities outside
+(0, 1], time_diff < 1, ...) raise too — one message line per problem, naming the file, the
+column, the number of bad rows and an example — unless `drop_bad_rows` is set, in which case
+those rows are dropped and counted in the `ValidationReport` (and logged).
+Every row check is a vectorised pyarrow/numpy pass; no Python loop over rows.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from reagent_lite.data.readers import ALIASES
+from reagent_lite.data.tensorize import map_entries
+from reagent_lite.errors import DataError
+
+log = logging.getLogger(__name__)
+
+Kind = Literal["dqn", "parametric_dqn"]
+
+# Required columns; a tuple lists accepted alternatives (sparse map first, dense list second).
+REQUIRED: tuple[str | tuple[str, ...], ...] = (
+    "mdp_id",
+    "sequence_number",
+    ("state_features", "state"),
+    "action",
+    "reward",
+    ("next_state_features", "next_state"),
+    "next_action",
+    "possible_actions",
+    "possible_next_actions",
+    "action_probability",
+)
+OPTIONAL = ("time_diff", "terminal", "metrics")
+
+
+@dataclass(frozen=True)
+class Problem:
+    """Rows of one column that break one rule."""
+
+    column: str
+    count: int
+    what: str
+    example_row: int
+    example: str
+
+    def message(self, source: str) -> str:
+        rows = "row" if self.count == 1 else "rows"
+        return (
+            f"{source}: column '{self.column}': {self.count} bad {rows}: {self.what}"
+            f" (e.g. row {self.example_row}: {self.example})"
+        )
+
+
+@dataclass
+class ValidationReport:
+    """What validation found; `dropped` is empty unless bad rows were dropped."""
+
+    source: str
+    kind: str
+    rows_in: int
+    rows_out: int
+    dropped: list[Problem] = field(default_factory=list)
+
+    @property
+    def rows_dropped(self) -> int:
+        return self.rows_in - self.rows_out
+
+    def __str__(self) -> str:
+        head = f"{self.source}: {self.rows_out:,} of {self.rows_in:,} rows valid ({self.kind})"
+        return head + "".join(f"\n  dropped: {p.message(self.source)}" for p in self.dropped)
+
+
+# ----------------------------------------------------------------------------- type predicates
+
+_t = pa.types
+
+
+def _is_str(t: pa.DataType) -> bool:
+    if _t.is_dictionary(t):
+        return _is_str(t.value_type)
+    return bool(_t.is_string(t) or _t.is_large_string(t))
+
+
+def _is_num(t: pa.DataType) -> bool:
+    return bool(_t.is_integer(t) or _t.is_floating(t))
+
+
+def _is_list(t: pa.DataType) -> bool:
+    return bool(_t.is_list(t) or _t.is_large_list(t))
+
+
+def _is_feature_map(t: pa.DataType) -> bool:
+    return bool(
+        _t.is_map(t) and (_is_str(t.key_type) or _t.is_integer(t.key_type)) and _is_num(t.item_type)
+    )
+
+
+def _is_dense(t: pa.DataType) -> bool:
+    return _is_list(t) and _is_num(t.value_type)
+
+
+Pred = Callable[[Any], bool]
+
+
+def _list_of(pred: Pred) -> Pred:
+    def check(t: pa.DataType) -> bool:
+        return _is_list(t) and (_t.is_null(t.value_type) or pred(t.value_type))
+
+    return check
+
+
+_EXPECTED: dict[str, tuple[Pred, str]] = {
+    "mdp_id": (lambda t: _is_str(t) or _t.is_integer(t), "string or integer episode ids"),
+    "sequence_number": (_t.is_integer, "integers"),
+    "state_features": (_is_feature_map, "map<feature id, float>"),
+    "state": (_is_dense, "list<float> (dense features)"),
+    "reward": (_is_num, "numbers"),
+    "action_probability": (_is_num, "numbers in (0, 1]"),
+    "time_diff": (_is_num, "integers >= 1"),
+    "terminal": (lambda t: _t.is_boolean(t) or _t.is_integer(t), "booleans"),
+    "metrics": (lambda t: _t.is_map(t) and _is_num(t.item_type), "map<metric name, float>"),
+}
+_EXPECTED["next_state_features"] = _EXPECTED["state_features"]
+_EXPECTED["next_state"] = _EXPECTED["state"]
+_DQN: dict[str, tuple[Pred, str]] = {
+    "action": (_is_str, "action names (strings)"),
+    "next_action": (lambda t: _is_str(t) or _t.is_null(t), "action names (strings or null)"),
+    "possible_actions": (
+        _list_of(lambda t: _is_str(t) or _t.is_integer(t) or _t.is_boolean(t)),
+        "lists of action names, or 0/1 masks of len(actions)",
+    ),
+}
+_PARAM: dict[str, tuple[Pred, str]] = {
+    "action": (_is_feature_map, "map<feature id, float>"),
+    "next_action": (lambda t: _is_feature_map(t) or _t.is_null(t), "map<feature id, float>"),
+    "possible_actions": (_list_of(_is_feature_map), "lists of map<feature id, float>"),
+}
+for _d in (_DQN, _PARAM):
+    _d["possible_next_actions"] = _d["possible_actions"]
+
+
+# ----------------------------------------------------------------------------- row checks
+
+
+def _bools(arr: pa.Array | pa.ChunkedArray) -> np.ndarray:
+    """A boolean Arrow array as numpy, nulls as False."""
+    return np.asarray(arr.fill_null(False).to_numpy(zero_copy_only=False), dtype=bool)
+
+
+def _nonfinite(values: pa.Array | pa.ChunkedArray) -> np.ndarray:
+    """Per value: null, NaN or ±inf."""
+    if _t.is_integer(values.type):
+        return np.asarray(values.is_null().to_numpy(zero_copy_only=False), bool)
+    v = values.cast(pa.float64()).to_numpy(zero_copy_only=False)
+    return ~np.isfinite(v)
+
+
+def _bad_key_entries(keys: pa.Array) -> np.ndarray:
+    """Per map key: not a string of a non-negative integer."""
+    if _t.is_dictionary(keys.type):
+        bad_dict = _bad_key_entries(keys.dictionary)
+        return (
+            bad_dict[keys.indices.to_numpy(zero_copy_only=False)]
+            if len(bad_dict)
+            else np.zeros(0, bool)
+        )
+    if _t.is_integer(keys.type):
+        return _bools(pc.less(keys, 0))
+    return ~_bools(pc.match_substring_regex(keys, r"^[0-9]+$"))
+
+
+def _map_rows(col: pa.ChunkedArray, n: int, nested: bool) -> tuple[np.ndarray, np.ndarray]:
+    """(rows with a non-finite value, rows with a malformed feature id) of a map column, or of
+    a list<map> column with `nested`."""
+    bad_val, bad_key = np.zeros(n, bool), np.zeros(n, bool)
+    start = 0
+    for chunk in col.chunks:
+        maps, parent = chunk, None
+        if nested:
+            parent = pc.list_parent_indices(chunk).to_numpy(zero_copy_only=False)
+            maps = chunk.flatten()
+        rows, keys, items = map_entries(maps)
+        if parent is not None:
+            rows = parent[rows]
+        bad_val[rows[_nonfinite(items)] + start] = True
+        bad_key[rows[_bad_key_entries(keys)] + start] = True
+        start += len(chunk)
+    return bad_val, bad_key
+
+
+def _dense_rows(col: pa.ChunkedArray) -> tuple[np.ndarray, np.ndarray]:
+    """(rows with a non-finite value or null, rows whose length differs from the first row's)."""
+    lengths = pc.list_value_length(col).to_numpy(zero_copy_only=False)
+    null = np.isnan(lengths.astype(np.float64))
+    bad_val = null.copy()
+    start = 0
+    for chunk in col.chunks:
+        if len(chunk):
+            parent = pc.list_parent_indices(chunk).to_numpy(zero_copy_only=False)
+            bad_val[parent[_nonfinite(chunk.flatten())] + start] = True
+        start += len(chunk)
+    lengths = np.nan_to_num(lengths.astype(np.float64), nan=-1)
+    width = lengths[~null][0] if (~null).any() else -1
+    return bad_val, (lengths != width) & ~null
+
+
+def _name_rows(
+    col: pa.ChunkedArray, actions: Sequence[str], n: int, allow_empty: bool
+) -> np.ndarray:
+    """Rows naming an action not in `actions` (lists checked element-wise)."""
+    value_set = pa.array(list(actions), pa.string())
+    if _is_list(col.type):
+        bad = np.zeros(n, bool)
+        if _t.is_null(col.type.value_type):
+            return bad
+        start = 0
+        for chunk in col.chunks:
+            names = chunk.flatten()
+            if _is_str(names.type):
+                parent = pc.list_parent_indices(chunk).to_numpy(zero_copy_only=False)
+                unknown = ~_bools(pc.is_in(names.cast(pa.string()), value_set=value_set))
+                bad[parent[unknown] + start] = True
+            else:  # 0/1 masks: one entry per action (an empty list = no action possible)
+                lengths = pc.list_value_length(chunk).fill_null(0).to_numpy(zero_copy_only=False)
+                bad[start : start + len(chunk)] |= (lengths != len(actions)) & (lengths != 0)
+            start += len(chunk)
+        return bad
+    if _t.is_null(col.type):
+        return np.zeros(n, bool)
+    names = col.cast(pa.string())
+    known = _bools(pc.is_in(names, value_set=value_set))
+    if allow_empty:
+        empty = _bools(pc.or_kleene(names.is_null(), pc.equal(names, "")))
+        return ~known & ~empty
+    return ~known
+
+
+# ----------------------------------------------------------------------------- validate
+
+
+def _example(table: pa.Table, column: str, mask: np.ndarray) -> tuple[int, str]:
+    row = int(np.argmax(mask))
+    text = repr(table.column(column)[row].as_py())
+    return row, text if len(text) <= 80 else text[:77] + "..."
+
+
+def _check_columns(table: pa.Table, kind: Kind, source: str) -> dict[str, str]:
+    """Canonical name → column used; raises on missing or mistyped columns."""
+    names = set(table.column_names)
+    missing, chosen = [], {}
+    for req in REQUIRED:
+        alts = (req,) if isinstance(req, str) else req
+        found = next((a for a in alts if a in names), None)
+        if found is None:
+            missing.append(" or ".join(f"'{a}'" for a in alts))
+        else:
+            chosen[alts[0]] = found
+    if missing:
+        raise DataError(
+            f"{source}: missing required column(s) {', '.join(missing)} for {kind}"
+            f" (columns present: {sorted(names)})"
+        )
+    chosen.update({c: c for c in OPTIONAL if c in names})
+    expected = {**_EXPECTED, **(_DQN if kind == "dqn" else _PARAM)}
+    wrong = []
+    for col in chosen.values():
+        pred, what = expected[col]
+        if not pred(table.schema.field(col).type):
+            wrong.append(
+                f"{source}: column '{col}': expected {what}, got {table.schema.field(col).type}"
+            )
+    if wrong:
+        raise DataError("\n".join(wrong))
+    return chosen
+
+
+def validate(
+    table: pa.Table,
+    kind: Kind,
+    *,
+    actions: Sequence[str] | None = None,
+    source: str,
+    drop_bad_rows: bool = False,
+) -> tuple[pa.Table, ValidationReport]:
+    """Check `table` (one shard, read from `source`) for the `kind` workflow.
+
+    Returns the table (aliases renamed, bad rows dropped if asked) and a report. `actions`
+    (dqn) enables the action-name checks.
+    """
+    if kind not in ("dqn", "parametric_dqn"):
+        raise ValueError(f"kind must be 'dqn' or 'parametric_dqn', got {kind!r}")
+    for alias, canon in ALIASES.items():
+        if alias in table.column_names and canon not in table.column_names:
+            table = table.rename_columns([canon if c == alias else c for c in table.column_names])
+    n = table.num_rows
+    if n == 0:
+        raise DataError(
+            f"{source}: no rows (empty table, or an empty shard: more ranks than rows?)"
+        )
+    cols = _check_columns(table, kind, source)
+
+    checks: list[tuple[str, np.ndarray, str]] = []  # (column, bad-row mask, what is wrong)
+
+    def add(column: str, mask: np.ndarray, what: str) -> None:
+        if mask.any():
+            checks.append((column, mask, what))
+
+    col = table.column
+    add("mdp_id", _bools(col("mdp_id").is_null()), "null episode id")
+    add("sequence_number", _bools(col("sequence_number").is_null()), "null sequence number")
+    add("reward", _nonfinite(col("reward")), "null, NaN or infinite reward")
+    prop = col("action_probability")
+    in_range = pc.and_(pc.greater(prop, 0), pc.less_equal(prop, 1))
+    add("action_probability", ~_bools(in_range), "propensity outside (0, 1] (or null/NaN)")
+    if "time_diff" in cols:
+        add("time_diff", _bools(pc.less(col("time_diff"), 1)), "time_diff < 1")
+    for canon in ("state_features", "next_state_features"):
+        name = cols[canon]
+        if name.endswith("_features"):
+            bad_val, bad_key = _map_rows(col(name), n, nested=False)
+            add(name, bad_val, "null, NaN or infinite feature value")
+            add(name, bad_key, "feature id is not a non-negative integer string")
+        else:
+            bad_val, bad_len = _dense_rows(col(name))
+            add(name, bad_val, "null list, or NaN or infinite feature value")
+            add(name, bad_len, "dense feature list of a different length than the first row's")
+
+    if kind == "dqn":
+        action_names = col("action").cast(pa.string())
+        add(
+            "action",
+            _bools(pc.or_kleene(action_names.is_null(), pc.equal(action_names, ""))),
+            "no action (null or empty)",
+        )
+        if actions is not None:
+            add(
+                "action",
+                _name_rows(col("action"), actions, n, allow_empty=True),
+                f"unknown action name (expected one of {list(actions)})",
+            )
+            add(
+                "next_action",
+                _name_rows(col("next_action"), actions, n, allow_empty=True),
+                f'unknown action name (expected one of {list(actions)}, or null/"")',
+            )
+            for name in ("possible_actions", "possible_next_actions"):
+                add(
+                    name,
+                    _name_rows(col(name), actions, n, allow_empty=True),
+                    f"unknown action name, or a mask whose length is not {len(actions)}",
+                )
+    else:
+        add("action", _bools(col("action").is_null()), "no action (null map)")
+        for name in ("action", "next_action"):
+            if _t.is_map(table.schema.field(name).type):
+                bad_val, bad_key = _map_rows(col(name), n, nested=False)
+                add(name, bad_val, "null, NaN or infinite feature value")
+                add(name, bad_key, "feature id is not a non-negative integer string")
+        for name in ("possible_actions", "possible_next_actions"):
+            if not _t.is_null(table.schema.field(name).type.value_type):
+                bad_val, bad_key = _map_rows(col(name), n, nested=True)
+                add(name, bad_val, "null, NaN or infinite candidate feature value")
+                add(name, bad_key, "candidate feature id is not a non-negative integer string")
+
+    problems = []
+    for column, mask, what in checks:
+        row, example = _example(table, column, mask)
+        problems.append(Problem(column, int(mask.sum()), what, row, example))
+    if problems and not drop_bad_rows:
+        raise DataError("\n".join(p.message(source) for p in problems))
+
+    report = ValidationReport(source, kind, rows_in=n, rows_out=n, dropped=problems)
+    if problems:
+        bad = np.logical_or.reduce([mask for _, mask, _ in checks])
+        table = table.filter(pa.array(~bad))
+        report.rows_out = table.num_rows
+        for p in problems:
+            log.warning("dropping bad rows: %s", p.message(source))
+        if table.num_rows == 0:
+            raise DataError(
+                f"{source}: every row is bad; nothing left after dropping them\n{report}"
+            )
+    return table, report

@@ -1,0 +1,253 @@
+"""validate(): every bad input gives a DataError naming file, column and bad-row count."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from reagent_lite.data.readers import read_table
+from reagent_lite.data.validate import validate
+from reagent_lite.errors import DataError
+
+ACTIONS = ["left", "right"]
+FMAP = pa.map_(pa.string(), pa.float64())
+
+
+def dqn_rows(n: int = 6) -> list[dict[str, Any]]:
+    """n valid discrete transitions: episodes of 3 steps, the last one terminal."""
+    rows = []
+    for i in range(n):
+        last = i % 3 == 2
+        rows.append(
+            {
+                "mdp_id": f"ep{i // 3}",
+                "sequence_number": i % 3,
+                "state_features": {"0": float(i), "2": 0.5} if i % 2 else {"1": -1.0},
+                "action": ACTIONS[i % 2],
+                "reward": float(i) / 2,
+                "next_state_features": {} if last else {"0": float(i + 1)},
+                "next_action": "" if last else ACTIONS[(i + 1) % 2],
+                "possible_actions": ["left", "right"],
+                "possible_next_actions": [] if last else ["right"],
+                "action_probability": 0.5,
+                "time_diff": 1,
+            }
+        )
+    return rows
+
+
+DQN_SCHEMA = pa.schema(
+    [
+        ("mdp_id", pa.string()),
+        ("sequence_number", pa.int64()),
+        ("state_features", FMAP),
+        ("action", pa.string()),
+        ("reward", pa.float64()),
+        ("next_state_features", FMAP),
+        ("next_action", pa.string()),
+        ("possible_actions", pa.list_(pa.string())),
+        ("possible_next_actions", pa.list_(pa.string())),
+        ("action_probability", pa.float64()),
+        ("time_diff", pa.int64()),
+    ]
+)
+
+
+def dqn_table(rows: list[dict[str, Any]] | None = None) -> pa.Table:
+    return pa.Table.from_pylist(rows if rows is not None else dqn_rows(), schema=DQN_SCHEMA)
+
+
+def parametric_rows(n: int = 4) -> list[dict[str, Any]]:
+    rows = []
+    for i in range(n):
+        last = i == n - 1
+        cands = [{"10": 1.0, "11": 0.0}, {"10": 0.0, "11": 1.0}, {"10": 0.5}][: 2 + i % 2]
+        rows.append(
+            {
+                "mdp_id": 7,
+                "sequence_number": i,
+                "state_features": {"0": float(i)},
+                "action": cands[i % len(cands)],
+                "reward": 1.0,
+                "next_state_features": {"0": float(i + 1)},
+                "next_action": {} if last else cands[0],
+                "possible_actions": cands,
+                "possible_next_actions": [] if last else cands[:2],
+                "action_probability": 1.0,
+            }
+        )
+    return rows
+
+
+PARAM_SCHEMA = pa.schema(
+    [
+        ("mdp_id", pa.int64()),
+        ("sequence_number", pa.int64()),
+        ("state_features", FMAP),
+        ("action", FMAP),
+        ("reward", pa.float64()),
+        ("next_state_features", FMAP),
+        ("next_action", FMAP),
+        ("possible_actions", pa.list_(FMAP)),
+        ("possible_next_actions", pa.list_(FMAP)),
+        ("action_probability", pa.float64()),
+    ]
+)
+
+
+def parametric_table(rows: list[dict[str, Any]] | None = None) -> pa.Table:
+    return pa.Table.from_pylist(
+        rows if rows is not None else parametric_rows(), schema=PARAM_SCHEMA
+    )
+
+
+def _error(table: pa.Table, kind: str = "dqn", **kw: Any) -> str:
+    with pytest.raises(DataError) as exc:
+        validate(table, kind, actions=ACTIONS, source="data/train.parquet", **kw)  # type: ignore[arg-type]
+    return str(exc.value)
+
+
+def _assert_names(msg: str, column: str, count: int) -> None:
+    assert "data/train.parquet" in msg
+    assert f"column '{column}'" in msg
+    assert f"{count} bad row" in msg
+
+
+def test_valid_tables_pass() -> None:
+    _, report = validate(dqn_table(), "dqn", actions=ACTIONS, source="x")
+    assert report.rows_in == report.rows_out == 6 and not report.dropped
+    _, report = validate(parametric_table(), "parametric_dqn", source="x")
+    assert report.rows_out == 4
+
+
+def test_propensity_alias_is_renamed() -> None:
+    t = dqn_table().rename_columns(
+        ["propensity" if c == "action_probability" else c for c in DQN_SCHEMA.names]
+    )
+    out, _ = validate(t, "dqn", actions=ACTIONS, source="x")
+    assert "action_probability" in out.column_names
+
+
+def test_missing_column() -> None:
+    msg = _error(dqn_table().drop_columns(["reward", "possible_actions"]))
+    assert "data/train.parquet" in msg and "'reward'" in msg and "'possible_actions'" in msg
+
+
+def test_dense_state_alternative_is_accepted() -> None:
+    t = dqn_table().drop_columns(["state_features", "next_state_features"])
+    t = t.append_column("state", pa.array([[1.0, 2.0]] * 6)).append_column(
+        "next_state", pa.array([[1.0, 2.0]] * 6)
+    )
+    validate(t, "dqn", actions=ACTIONS, source="x")
+    bad = t.set_column(t.column_names.index("state"), "state", pa.array([[1.0, 2.0]] * 5 + [[1.0]]))
+    _assert_names(_error(bad), "state", 1)
+
+
+def test_wrong_type() -> None:
+    t = dqn_table()
+    t = t.set_column(t.column_names.index("reward"), "reward", pa.array(["a"] * 6))
+    msg = _error(t)
+    assert "column 'reward'" in msg and "expected numbers" in msg and "data/train.parquet" in msg
+
+
+def test_nan_and_inf_reward() -> None:
+    rows = dqn_rows()
+    rows[1]["reward"] = math.nan
+    rows[4]["reward"] = math.inf
+    msg = _error(dqn_table(rows))
+    _assert_names(msg, "reward", 2)
+    assert "row 1" in msg
+
+
+def test_nan_feature_and_bad_feature_id() -> None:
+    rows = dqn_rows()
+    rows[0]["state_features"] = {"1": math.nan}
+    rows[3]["next_state_features"] = {"abc": 1.0}
+    msg = _error(dqn_table(rows))
+    _assert_names(msg, "state_features", 1)
+    _assert_names(msg, "next_state_features", 1)
+    assert "'abc'" in msg
+
+
+def test_unknown_action_names() -> None:
+    rows = dqn_rows()
+    rows[0]["action"] = "jump"
+    rows[1]["next_action"] = "fly"
+    rows[2]["possible_actions"] = ["left", "dig"]
+    msg = _error(dqn_table(rows))
+    for col in ("action", "next_action", "possible_actions"):
+        _assert_names(msg, col, 1)
+    assert "'jump'" in msg
+
+
+def test_mask_of_wrong_length() -> None:
+    rows = dqn_rows()
+    schema = DQN_SCHEMA.set(
+        DQN_SCHEMA.get_field_index("possible_actions"),
+        pa.field("possible_actions", pa.list_(pa.int8())),
+    )
+    for r in rows:
+        r["possible_actions"] = [1, 1]
+    rows[5]["possible_actions"] = [1, 0, 1]
+    msg = _error(pa.Table.from_pylist(rows, schema=schema))
+    _assert_names(msg, "possible_actions", 1)
+
+
+def test_propensity_out_of_range() -> None:
+    rows = dqn_rows()
+    rows[0]["action_probability"] = 0.0
+    rows[1]["action_probability"] = 1.5
+    rows[2]["action_probability"] = None
+    _assert_names(_error(dqn_table(rows)), "action_probability", 3)
+
+
+def test_time_diff_below_one() -> None:
+    rows = dqn_rows()
+    rows[2]["time_diff"] = 0
+    _assert_names(_error(dqn_table(rows)), "time_diff", 1)
+
+
+def test_empty_table() -> None:
+    msg = _error(dqn_table([]))
+    assert "data/train.parquet" in msg and "no rows" in msg
+
+
+def test_drop_bad_rows_counts_them() -> None:
+    rows = dqn_rows()
+    rows[1]["reward"] = math.nan
+    rows[2]["action_probability"] = 2.0
+    rows[2]["reward"] = math.nan
+    table, report = validate(
+        dqn_table(rows), "dqn", actions=ACTIONS, source="f.parquet", drop_bad_rows=True
+    )
+    assert table.num_rows == 4 and report.rows_dropped == 2
+    assert {(p.column, p.count) for p in report.dropped} == {
+        ("reward", 2),
+        ("action_probability", 1),
+    }
+    assert "f.parquet" in str(report)
+    all_bad = [dict(r, reward=math.nan) for r in dqn_rows()]
+    with pytest.raises(DataError, match="every row is bad"):
+        validate(dqn_table(all_bad), "dqn", actions=ACTIONS, source="f", drop_bad_rows=True)
+
+
+def test_parametric_bad_candidate_values() -> None:
+    rows = parametric_rows()
+    rows[1]["possible_actions"] = [{"10": math.inf}]
+    rows[2]["action"] = {"10": math.nan}
+    msg = _error(parametric_table(rows), "parametric_dqn")
+    _assert_names(msg, "possible_actions", 1)
+    _assert_names(msg, "action", 1)
+
+
+def test_file_name_from_a_real_file(tmp_path: Any) -> None:
+    rows = dqn_rows()
+    rows[0]["reward"] = math.nan
+    path = tmp_path / "bad.parquet"
+    pq.write_table(dqn_table(rows), path)
+    with pytest.raises(DataError, match=r"bad\.parquet: column 'reward': 1 bad row"):
+        validate(read_table(path), "dqn", actions=ACTIONS, source=str(path))
