@@ -1,0 +1,415 @@
+"""File rendezvous on a shared filesystem that survives crashed runs, missing and duplicate nodes.
+
+torch's `FileStore` must start from a brand-new file: a file left behind by a crashed run
+makes the next run hang or talk to dead ports. So the user's ``file:///nfs/dir/name`` only
+names a *base*; one coordinator per node (the launcher, before it spawns local workers)
+meets the others in ``<base>.rdzv/`` and node 0 hands out a fresh store file per run:
+
+* node k claims ``node_<k>.lock`` with ``O_CREAT | O_EXCL`` and heartbeats it (touches it
+  every `heartbeat_s`) for the whole run;
+* an existing claim is *stale* when its heartbeat is older than `stale_after_s` (measured
+  against a probe file this process has just touched on the same filesystem, so the clocks
+  of different hosts never matter), when it belongs to a dead process on this host, or when
+  its heartbeat does not move for `liveness_window_s`; a stale claim is taken over, a live
+  one means the node index is used twice: `DistributedError` at once;
+* node 0 waits until every node's claim is seen heartbeating, checks they agree on
+  processes per node, and writes ``session.json`` atomically (temp + rename) naming a new
+  ``store-<uuid>`` file and the claim ids of the members; the other nodes wait until a
+  session lists their own claim id, so a session of a dead run is never joined;
+* after a clean run node 0 removes the store and the session; every node removes its own
+  claim on the way out, on error too. Node 0 also clears leftovers of earlier runs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import socket
+import threading
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+from reagent_lite.errors import DistributedError
+
+log = logging.getLogger(__name__)
+
+SESSION_FILE = "session.json"
+
+
+@dataclass(frozen=True)
+class Session:
+    """What a successful rendezvous yields: the fresh store file every rank initialises from."""
+
+    session_id: str
+    store_path: Path
+    members: tuple[str, ...]  # claim ids, by node index
+    procs_per_node: int
+
+    @property
+    def init_method(self) -> str:
+        return self.store_path.as_uri()
+
+
+@dataclass
+class _Claim:
+    data: dict[str, Any]  # {} when the file could not be parsed (being written)
+    mtime_ns: int
+
+    def who(self) -> str:
+        return f"host {self.data.get('host', '?')} pid {self.data.get('pid', '?')}"
+
+
+class FileRendezvous:
+    """One node's side of the handshake; use as a context manager around the whole run."""
+
+    def __init__(
+        self,
+        directory: str | Path,
+        *,
+        num_nodes: int,
+        node_index: int,
+        procs_per_node: int,
+        timeout_s: float = 600.0,
+        heartbeat_s: float = 1.0,
+        stale_after_s: float | None = None,
+        liveness_window_s: float | None = None,
+        poll_s: float = 0.1,
+    ) -> None:
+        self.dir = Path(directory)
+        self.num_nodes = num_nodes
+        self.node_index = node_index
+        self.procs_per_node = procs_per_node
+        self.timeout_s = timeout_s
+        self.heartbeat_s = heartbeat_s
+        self.stale_after_s = stale_after_s if stale_after_s is not None else 10 * heartbeat_s
+        self.liveness_window_s = liveness_window_s or 5 * heartbeat_s
+        self.poll_s = poll_s
+        self.claim_id = uuid.uuid4().hex
+        self.host = socket.gethostname()
+        self.session: Session | None = None
+        self.lost_claim = False
+        self._stop = threading.Event()
+        self._heartbeat: threading.Thread | None = None
+
+    # ---------------------------------------------------------------- public
+    def __enter__(self) -> Session:
+        return self.join()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close(success=exc_type is None)
+
+    def join(self) -> Session:
+        """Claim this node's index, meet the others and return the run's session."""
+        deadline = time.monotonic() + self.timeout_s
+        try:
+            self._claim(deadline)
+            self._heartbeat = threading.Thread(
+                target=self._beat, name=f"rdzv-heartbeat-node{self.node_index}", daemon=True
+            )
+            self._heartbeat.start()
+            if self.node_index == 0:
+                self._clear_leftovers()
+                self.session = self._lead(deadline)
+            else:
+                self.session = self._follow(deadline)
+        except BaseException:
+            self.close(success=False)
+            raise
+        return self.session
+
+    def close(self, success: bool) -> None:
+        """Stop heartbeating and remove what this node owns (store + session: node 0, clean runs)."""
+        self._stop.set()
+        if self._heartbeat is not None:
+            self._heartbeat.join(timeout=5 * self.heartbeat_s)
+        if self.node_index == 0 and success and self.session is not None:
+            _unlink(self.session.store_path)
+            current = _read_json(self.dir / SESSION_FILE)
+            if current and current.get("session_id") == self.session.session_id:
+                _unlink(self.dir / SESSION_FILE)
+        claim = self._read_claim(self._lock(self.node_index))
+        if claim is not None and claim.data.get("uuid") == self.claim_id:
+            _unlink(self._lock(self.node_index))
+        # Best effort: the directory goes when the last node leaves a clean run.
+        for d in (self.dir, self.dir.parent):
+            if d.name.endswith(".rdzv") or d == self.dir:
+                with contextlib.suppress(OSError):
+                    d.rmdir()
+
+    # ---------------------------------------------------------------- claim
+    def _lock(self, k: int) -> Path:
+        return self.dir / f"node_{k}.lock"
+
+    def _claim(self, deadline: float) -> None:
+        lock = self._lock(self.node_index)
+        payload = json.dumps(
+            {
+                "uuid": self.claim_id,
+                "host": self.host,
+                "pid": os.getpid(),
+                "node_index": self.node_index,
+                "num_nodes": self.num_nodes,
+                "procs_per_node": self.procs_per_node,
+            }
+        ).encode()
+        while True:
+            try:
+                self.dir.mkdir(parents=True, exist_ok=True)
+                fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+            except FileExistsError:
+                pass
+            except FileNotFoundError:  # the directory vanished under us (a finishing run)
+                continue
+            except OSError as exc:
+                raise DistributedError(
+                    f"cannot create rendezvous file {lock}: {exc.strerror} (init_method must "
+                    "name a writable path on the filesystem shared by all nodes)"
+                ) from exc
+            else:
+                try:
+                    os.write(fd, payload)
+                    os.fsync(fd)
+                finally:
+                    os.close(fd)
+                return
+            if time.monotonic() > deadline:
+                raise DistributedError(
+                    f"rendezvous timed out after {self.timeout_s:g}s trying to claim "
+                    f"node_index {self.node_index} ({lock})"
+                )
+            existing = self._read_claim(lock)
+            if existing is None:
+                continue  # removed meanwhile: try again
+            if self._is_live(lock, existing):
+                raise DistributedError(
+                    f"node_index {self.node_index} is already claimed by {existing.who()} "
+                    f"({lock}): was --node_index={self.node_index} given to two nodes, or is "
+                    "an earlier run of this job still running?"
+                )
+            log.warning(
+                "taking over stale rendezvous claim of node_index %d left by %s",
+                self.node_index,
+                existing.who(),
+            )
+            self._remove_if_same(lock, existing)
+
+    def _is_live(self, lock: Path, claim: _Claim) -> bool:
+        """Whether the claim's owner is still heartbeating (see module docstring)."""
+        if self._fs_now_ns() - claim.mtime_ns > self.stale_after_s * 1e9:
+            return False
+        if claim.data.get("host") == self.host and not _pid_alive(claim.data.get("pid")):
+            return False
+        end = time.monotonic() + self.liveness_window_s
+        while time.monotonic() < end:
+            time.sleep(self.poll_s)
+            now = self._read_claim(lock)
+            if now is None:
+                return False  # gone: claim again
+            if now.mtime_ns != claim.mtime_ns or now.data.get("uuid") != claim.data.get("uuid"):
+                return True
+        return False
+
+    def _remove_if_same(self, lock: Path, stale: _Claim) -> None:
+        # Rename first so two nodes taking over at once cannot delete each other's new claim:
+        # whoever moved a claim that is not the stale one puts it back.
+        tomb = lock.with_name(f"{lock.name}.stale-{self.claim_id}")
+        try:
+            os.rename(lock, tomb)
+        except FileNotFoundError:
+            return
+        moved = _read_json(tomb)
+        if moved is not None and moved.get("uuid") != stale.data.get("uuid"):
+            with contextlib.suppress(OSError):
+                os.link(tomb, lock)
+        _unlink(tomb)
+
+    def _beat(self) -> None:
+        lock = self._lock(self.node_index)
+        while not self._stop.wait(self.heartbeat_s):
+            data = _read_json(lock)
+            if data is not None and data.get("uuid") != self.claim_id:
+                self.lost_claim = True
+                log.error("rendezvous claim %s was taken over by another process", lock)
+                return
+            with contextlib.suppress(OSError):
+                os.utime(lock)
+
+    def _fs_now_ns(self) -> int:
+        """The shared filesystem's idea of "now": the mtime of a file created just now."""
+        probe = self.dir / f"probe_{self.claim_id}_{uuid.uuid4().hex[:8]}"
+        fd = os.open(probe, os.O_CREAT | os.O_WRONLY, 0o644)
+        try:
+            return os.fstat(fd).st_mtime_ns
+        finally:
+            os.close(fd)
+            _unlink(probe)
+
+    def _read_claim(self, lock: Path) -> _Claim | None:
+        # open + fstat rather than stat: on NFS, open() revalidates the attribute cache.
+        try:
+            with open(lock, "rb") as f:
+                mtime = os.fstat(f.fileno()).st_mtime_ns
+                raw = f.read()
+        except FileNotFoundError:
+            return None
+        try:
+            data = json.loads(raw)
+        except ValueError:
+            data = {}  # still being written
+        return _Claim(data if isinstance(data, dict) else {}, mtime)
+
+    # ---------------------------------------------------------------- node 0
+    def _clear_leftovers(self) -> None:
+        # Holding node 0's claim makes this process the only leader of this directory, so
+        # whatever session or store is here belongs to a finished or crashed run.
+        _unlink(self.dir / SESSION_FILE)
+        now = self._fs_now_ns()
+        for p in self.dir.iterdir():
+            if p.name.startswith(("store-", "session.json.tmp")) or ".stale-" in p.name:
+                _unlink(p)
+            elif p.name.startswith("probe_"):
+                with contextlib.suppress(OSError):
+                    if now - p.stat().st_mtime_ns > self.stale_after_s * 1e9:
+                        _unlink(p)
+
+    def _lead(self, deadline: float) -> Session:
+        first: dict[int, _Claim] = {}
+        live: dict[int, _Claim] = {}
+        while True:
+            for k in range(1, self.num_nodes):
+                if k in live:
+                    continue
+                claim = self._read_claim(self._lock(k))
+                if claim is None or not claim.data:
+                    continue
+                seen = first.get(k)
+                if seen is None or seen.data.get("uuid") != claim.data.get("uuid"):
+                    first[k] = claim
+                elif claim.mtime_ns != seen.mtime_ns:
+                    live[k] = claim  # its heartbeat moved while we watched: a live node
+            if len(live) == self.num_nodes - 1:
+                break
+            self._check_cancelled()
+            if time.monotonic() > deadline:
+                missing = [k for k in range(1, self.num_nodes) if k not in live]
+                raise DistributedError(
+                    f"rendezvous timed out after {self.timeout_s:g}s: {len(live) + 1} of "
+                    f"{self.num_nodes} nodes arrived; missing node_index {missing} "
+                    f"(rendezvous directory {self.dir})"
+                )
+            time.sleep(self.poll_s)
+
+        members = [self.claim_id] + [live[k].data["uuid"] for k in range(1, self.num_nodes)]
+        problems = [
+            f"node_index {k} ({c.who()}) has {c.data.get('procs_per_node')} processes per node "
+            f"and num_nodes={c.data.get('num_nodes')}"
+            for k, c in sorted(live.items())
+            if c.data.get("procs_per_node") != self.procs_per_node
+            or c.data.get("num_nodes") != self.num_nodes
+        ]
+        session_id = uuid.uuid4().hex
+        record: dict[str, Any] = {
+            "session_id": session_id,
+            "store": f"store-{session_id}",
+            "members": members,
+            "procs_per_node": self.procs_per_node,
+            "num_nodes": self.num_nodes,
+            "error": None,
+        }
+        if problems:
+            record["error"] = (
+                "all nodes must agree on processes per node and num_nodes, but node_index 0 "
+                f"({self.host} pid {os.getpid()}) has {self.procs_per_node} processes per node "
+                f"and num_nodes={self.num_nodes} while " + "; ".join(problems)
+            )
+        tmp = self.dir / f"{SESSION_FILE}.tmp-{session_id}"
+        tmp.write_text(json.dumps(record))
+        os.replace(tmp, self.dir / SESSION_FILE)
+        if record["error"]:
+            raise DistributedError(record["error"])
+        return Session(session_id, self.dir / record["store"], tuple(members), self.procs_per_node)
+
+    # ---------------------------------------------------------------- nodes > 0
+    def _follow(self, deadline: float) -> Session:
+        while True:
+            rec = _read_json(self.dir / SESSION_FILE)
+            if rec is not None and self.claim_id in rec.get("members", ()):
+                if rec.get("error"):
+                    raise DistributedError(str(rec["error"]))
+                return Session(
+                    rec["session_id"],
+                    self.dir / rec["store"],
+                    tuple(rec["members"]),
+                    int(rec["procs_per_node"]),
+                )
+            self._check_cancelled()
+            if self.lost_claim:
+                raise DistributedError(
+                    f"the rendezvous claim of node_index {self.node_index} was taken over by "
+                    "another process: is --node_index given to two nodes?"
+                )
+            if time.monotonic() > deadline:
+                raise DistributedError(self._follow_timeout_message())
+            time.sleep(self.poll_s)
+
+    def _check_cancelled(self) -> None:
+        if self._stop.is_set():
+            raise DistributedError(f"rendezvous of node_index {self.node_index} was cancelled")
+
+    def _follow_timeout_message(self) -> str:
+        head = (
+            f"rendezvous timed out after {self.timeout_s:g}s on node_index {self.node_index}: "
+            "node 0 never published a session including this node"
+        )
+        lead = self._read_claim(self._lock(0))
+        if lead is None:
+            why = "node 0 never arrived (no node_0.lock)"
+        elif self._fs_now_ns() - lead.mtime_ns > self.stale_after_s * 1e9:
+            why = f"node 0's claim is stale ({lead.who()} stopped heartbeating)"
+        else:
+            why = (
+                f"node 0 ({lead.who()}) is up but still waiting for other nodes; check that "
+                f"all {self.num_nodes} nodes were started with the same num_nodes"
+            )
+        return f"{head}: {why} (rendezvous directory {self.dir})"
+
+
+def _read_json(path: Path) -> dict[str, Any] | None:
+    try:
+        data = json.loads(path.read_bytes())
+    except (FileNotFoundError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def _unlink(path: Path) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        path.unlink()
+
+
+def _pid_alive(pid: object) -> bool:
+    if not isinstance(pid, int) or pid <= 0:
+        return True  # unknown: let the heartbeat decide
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    # A killed process that nobody has reaped yet still answers signal 0.
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return True
+    return stat.rsplit(")", 1)[-1].split()[0] != "Z"

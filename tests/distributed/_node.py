@@ -1,0 +1,105 @@
+"""Plays one node of a job in the distributed tests: plan_launch + launch + a tiny worker.
+
+    python -m tests.distributed._node --init_method file:///tmp/x/rdzv --num_nodes 2 \
+        --node_index 0 --out /tmp/x/out [--cpu_procs 2] [--steps 3] [--step_sleep 0.5]
+
+Every rank all-reduces `rank + 1` for `--steps` steps (plus one broadcast and one gather),
+touches ``<out>/started_rank<r>`` after its first collective and writes
+``<out>/rank<r>.json`` at the end. Errors exit like the real CLI: message on stderr, the
+error's exit code.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from reagent_lite.distributed import DistContext, launch, plan_launch
+from reagent_lite.errors import DataError, ReagentLiteError
+
+
+def worker(
+    ctx: DistContext, out: str, steps: int, step_sleep: float, fail_rank: int, fail_kind: str
+) -> None:
+    out_dir = Path(out)
+    sums = []
+    for step in range(steps):
+        if step == 1 and ctx.rank == fail_rank:
+            if fail_kind == "data":
+                raise DataError(f"{out_dir}/part-0.parquet: column reward: 3 bad rows")
+            raise ValueError("boom")
+        t = torch.tensor([float(ctx.rank + 1)])
+        sums.append(ctx.all_reduce_sum(t).item())
+        if step == 0:
+            (out_dir / f"started_rank{ctx.rank}").touch()
+        time.sleep(step_sleep)
+    mean = ctx.all_reduce_mean(torch.tensor([float(ctx.rank)])).item()
+    token = ctx.broadcast_object({"stop": True, "from": ctx.rank})
+    gathered = ctx.all_gather_object(ctx.rank * 10)
+    ctx.barrier()
+    record = {
+        "rank": ctx.rank,
+        "world_size": ctx.world_size,
+        "local_rank": ctx.local_rank,
+        "node_index": ctx.node_index,
+        "procs_per_node": ctx.procs_per_node,
+        "pid": os.getpid(),
+        "sums": sums,
+        "mean": mean,
+        "broadcast": token,
+        "gathered": gathered,
+    }
+    tmp = out_dir / f".rank{ctx.rank}.tmp"
+    tmp.write_text(json.dumps(record))
+    os.replace(tmp, out_dir / f"rank{ctx.rank}.json")
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--init_method")
+    p.add_argument("--num_nodes", type=int, default=1)
+    p.add_argument("--node_index", type=int, default=0)
+    p.add_argument("--out", required=True)
+    p.add_argument("--cpu_procs", type=int, default=None)
+    p.add_argument("--steps", type=int, default=3)
+    p.add_argument("--step_sleep", type=float, default=0.0)
+    p.add_argument("--rdzv_timeout", type=float, default=30.0)
+    p.add_argument("--coll_timeout", type=float, default=30.0)
+    p.add_argument("--fail_rank", type=int, default=-1)
+    p.add_argument("--fail_kind", choices=["data", "value"], default="data")
+    p.add_argument("--run_id", default=None)
+    a = p.parse_args()
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr)
+    Path(a.out).mkdir(parents=True, exist_ok=True)
+    try:
+        plan = plan_launch(
+            num_nodes=a.num_nodes,
+            node_index=a.node_index,
+            use_gpu=False,
+            use_all_avail_gpus=True,
+            init_method=a.init_method,
+            run_id=a.run_id,
+            cpu_procs_per_node=a.cpu_procs,
+        )
+        print(plan.describe(), file=sys.stderr, flush=True)
+        launch(
+            plan,
+            worker,
+            (a.out, a.steps, a.step_sleep, a.fail_rank, a.fail_kind),
+            rendezvous_timeout_s=a.rdzv_timeout,
+            collective_timeout_s=a.coll_timeout,
+        )
+    except ReagentLiteError as exc:
+        print(f"ERROR: {exc}", file=sys.stderr, flush=True)
+        sys.exit(exc.exit_code)
+
+
+if __name__ == "__main__":
+    main()
