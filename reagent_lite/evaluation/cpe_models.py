@@ -1,0 +1,119 @@
+"""The models counterfactual evaluation needs, trained alongside the Q-network.
+
+* reward model r̂(s, a): regression of the logged reward on (state, logged action);
+* policy-value model q̂(s, a): the value of the *learned* softmax policy, fitted by
+  expected-SARSA targets r + γ^Δt Σ_a' π(a'|s') q̂_target(s', a').
+
+Both are nets of the same shape as the Q-network (built by the workflow kind), so the
+same code serves discrete actions and parametric candidates. No I/O, no ranks.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from reagent_lite.training.tensordict import TensorDict
+
+_NEG = -1e9
+
+
+def masked_softmax(q: Tensor, mask: Tensor, temperature: float) -> Tensor:
+    """Softmax of q / temperature over the entries where mask is 1; all-masked rows → 0."""
+    logits = torch.where(mask > 0, q / temperature, torch.full_like(q, _NEG))
+    probs = torch.softmax(logits, dim=-1) * (mask > 0)
+    return probs / probs.sum(dim=-1, keepdim=True).clamp_min(1e-12)
+
+
+def gather_logged(q: Tensor, index: Tensor) -> Tensor:
+    """q[i, index[i]], with 0 where index is -1 (logged action not among candidates)."""
+    safe = index.clamp_min(0).unsqueeze(-1)
+    return torch.where(
+        index >= 0, q.gather(-1, safe).squeeze(-1), torch.zeros_like(index, dtype=q.dtype)
+    )
+
+
+class CpeNets(nn.Module):
+    def __init__(self, reward_net: nn.Module, value_net: nn.Module):
+        super().__init__()
+        self.reward_net = reward_net
+        self.value_net = value_net
+
+    def forward(self, batch: TensorDict, kind: Any) -> tuple[Tensor, Tensor]:
+        # Both heads in one forward, so that a DDP wrapper syncs both gradients.
+        return (
+            kind.q_all(self.reward_net, batch, next_state=False),
+            kind.q_all(self.value_net, batch, next_state=False),
+        )
+
+
+class CpeModelTrainer:
+    """One optimizer step of both CPE models per training step of the Q-network."""
+
+    def __init__(
+        self,
+        kind: Any,
+        nets: nn.Module,
+        *,
+        gamma: float,
+        temperature: float,
+        target_update_rate: float,
+        learning_rate: float,
+        use_time_diff: bool,
+    ):
+        self.kind = kind
+        self.nets = nets  # possibly DDP-wrapped CpeNets
+        self.target_value = copy.deepcopy(self._raw().value_net).requires_grad_(False)
+        self.gamma = gamma
+        self.temperature = temperature
+        self.tau = target_update_rate
+        self.use_time_diff = use_time_diff
+        self.optimizer = torch.optim.Adam(nets.parameters(), lr=learning_rate)
+
+    def _raw(self) -> CpeNets:
+        raw = getattr(self.nets, "module", self.nets)
+        assert isinstance(raw, CpeNets)
+        return raw
+
+    def train_step(self, batch: TensorDict, q_net: nn.Module) -> Tensor:
+        kind = self.kind
+        with torch.no_grad():
+            q_next = kind.q_all(q_net, batch, next_state=True)
+            mask_next = kind.candidate_mask(batch, next_state=True)
+            pi_next = masked_softmax(q_next, mask_next, self.temperature)
+            v_next = (pi_next * kind.q_all(self.target_value, batch, next_state=True)).sum(-1)
+            discount = torch.pow(self.gamma, batch.time_diff) if self.use_time_diff else self.gamma
+            target = batch.reward + (1.0 - batch.terminal) * discount * v_next
+        r_hat, q_hat = self.nets(batch, kind)
+        idx = kind.logged_index(batch)
+        valid = (idx >= 0).to(batch.reward.dtype)
+        denom = valid.sum().clamp_min(1.0)
+        reward_loss = ((gather_logged(r_hat, idx) - batch.reward) ** 2 * valid).sum() / denom
+        value_loss = (
+            F.smooth_l1_loss(gather_logged(q_hat, idx), target, reduction="none") * valid
+        ).sum() / denom
+        loss = reward_loss + value_loss
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        self.optimizer.step()
+        with torch.no_grad():
+            params: list[Tensor] = list(self._raw().value_net.parameters())
+            targets: list[Tensor] = list(self.target_value.parameters())
+            torch._foreach_lerp_(targets, params, self.tau)
+        return loss.detach()
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "nets": self._raw().state_dict(),
+            "target_value": self.target_value.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self._raw().load_state_dict(state["nets"])
+        self.target_value.load_state_dict(state["target_value"])
+        self.optimizer.load_state_dict(state["optimizer"])

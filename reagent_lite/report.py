@@ -1,0 +1,83 @@
+"""Training and CPE curves of a run as a PNG: `python -m reagent_lite.report --run DIR`.
+
+Needs the `plot` extra (matplotlib).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+from reagent_lite.training.metrics import read_metrics
+
+_ESTIMATORS = (
+    "direct_method",
+    "ips",
+    "doubly_robust",
+    "sequential_doubly_robust",
+    "weighted_doubly_robust",
+    "magic",
+)
+
+
+def epoch_records(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [r for r in records if "transitions_per_s" in r]
+
+
+def draw_report(run_dir: Path, output: Path | None = None) -> Path:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError as err:  # pragma: no cover - depends on the environment
+        raise SystemExit("report needs matplotlib: pip install 'reagent-lite[plot]'") from err
+    metrics = run_dir / "metrics.jsonl"
+    if not metrics.is_file():
+        raise SystemExit(f"--run: no metrics.jsonl in '{run_dir}'")
+    records = epoch_records(read_metrics(metrics))
+    epochs = [r["epoch"] + 1 for r in records]
+    fig, (ax_loss, ax_cpe) = plt.subplots(1, 2, figsize=(11, 4))
+    ax_loss.plot(epochs, [r["loss"] for r in records], marker="o", label="train loss")
+    if any("eval_td_loss" in r for r in records):
+        ax_loss.plot(
+            epochs, [r.get("eval_td_loss") for r in records], marker="s", label="eval TD loss"
+        )
+    ax_loss.set_xlabel("epoch")
+    ax_loss.set_ylabel("loss")
+    ax_loss.set_yscale("log")
+    ax_loss.legend()
+    ax_loss.set_title("training")
+    for name in _ESTIMATORS:
+        values = [r.get("cpe", {}).get(name, {}).get("normalized") for r in records]
+        if any(v is not None for v in values):
+            ax_cpe.plot(epochs, values, marker=".", label=name)
+    ax_cpe.axhline(1.0, color="grey", linestyle="--", linewidth=1, label="logged policy")
+    ax_cpe.set_xlabel("epoch")
+    ax_cpe.set_ylabel("value / logged value")
+    ax_cpe.set_title("counterfactual policy evaluation")
+    ax_cpe.legend(fontsize=7)
+    fig.tight_layout()
+    path = output or run_dir / "report.png"
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(
+        prog="python -m reagent_lite.report", description=__doc__.split("\n")[0]
+    )
+    parser.add_argument("--run", required=True, type=Path, help="model_output_path of a run")
+    parser.add_argument(
+        "--output", type=Path, default=None, help="PNG path (default: <run>/report.png)"
+    )
+    args = parser.parse_args(argv)
+    path = draw_report(args.run, args.output)
+    print(f"report: {path}", file=sys.stdout)
+
+
+if __name__ == "__main__":
+    main()

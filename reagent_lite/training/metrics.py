@@ -1,0 +1,66 @@
+"""metrics.jsonl (one JSON record per line) and, when installed, TensorBoard."""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+
+def _clean(value: Any) -> Any:
+    # JSON has no NaN/inf; write them as null so every line stays valid JSON.
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _clean(v) for k, v in value.items()}
+    return value
+
+
+class MetricsWriter:
+    """Appends records to `metrics.jsonl`; mirrors scalars to TensorBoard if available."""
+
+    def __init__(self, output_dir: Path, *, tensorboard: bool = True, append: bool = False):
+        self.path = output_dir / "metrics.jsonl"
+        output_dir.mkdir(parents=True, exist_ok=True)
+        if not append:
+            self.path.write_text("")
+        self._tb: Any = None
+        if tensorboard:
+            try:
+                from torch.utils.tensorboard import SummaryWriter
+
+                self._tb = SummaryWriter(log_dir=str(output_dir / "tensorboard"))
+            except ImportError:
+                log.debug("tensorboard not installed; metrics go to metrics.jsonl only")
+
+    def write(self, record: dict[str, Any]) -> None:
+        with self.path.open("a") as f:
+            f.write(json.dumps(_clean(record), sort_keys=True) + "\n")
+        if self._tb is not None:
+            step = int(record.get("steps", 0))
+            for key, value in _flatten(record):
+                if isinstance(value, int | float) and key not in ("steps", "epoch"):
+                    self._tb.add_scalar(key, value, step)
+
+    def close(self) -> None:
+        if self._tb is not None:
+            self._tb.close()
+
+
+def _flatten(record: dict[str, Any], prefix: str = "") -> list[tuple[str, Any]]:
+    out: list[tuple[str, Any]] = []
+    for key, value in record.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict):
+            out.extend(_flatten(value, f"{name}/"))
+        else:
+            out.append((name, value))
+    return out
+
+
+def read_metrics(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
