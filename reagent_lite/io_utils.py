@@ -18,7 +18,9 @@ def atomic_write(path: Path, write: Callable[[Path], None]) -> None:
     A crash mid-write leaves the old file (or none), never a half-written one.
     """
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=f".tmp{path.suffix}", dir=path.parent)
+    fd, tmp_name = tempfile.mkstemp(
+        prefix=f".{path.name}.", suffix=f".tmp{path.suffix}", dir=path.parent
+    )
     os.close(fd)
     tmp = Path(tmp_name)
     try:

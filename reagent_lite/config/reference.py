@@ -45,14 +45,18 @@ def _nested_model(annotation: Any) -> type[BaseModel] | None:
     return None
 
 
-def _rows(model: type[BaseModel], prefix: str, blocks: list[tuple[str, type[BaseModel]]]) -> list[str]:
+def _rows(
+    model: type[BaseModel], prefix: str, blocks: list[tuple[str, type[BaseModel]]]
+) -> list[str]:
     rows = []
     for name, field in model.model_fields.items():
         nested = _nested_model(field.annotation)
         if nested is not None:
             blocks.append((f"{prefix}{name}", nested))
         description = (field.description or "").replace("\n", " ").replace("|", "\\|")
-        rows.append(f"| `{prefix}{name}` | {_type_name(field.annotation)} | {_default(field)} | {description} |")
+        rows.append(
+            f"| `{prefix}{name}` | {_type_name(field.annotation)} | {_default(field)} | {description} |"
+        )
     return rows
 
 
@@ -66,9 +70,15 @@ def _section(title: str, model: type[BaseModel]) -> list[str]:
         if prefix in seen:
             continue
         seen.add(prefix)
-        lines += ["", f"### `{prefix}`", "", "| key | type | default | description |", "|---|---|---|---|"]
+        lines += [
+            "",
+            f"### `{prefix}`",
+            "",
+            "| key | type | default | description |",
+            "|---|---|---|---|",
+        ]
         lines += _rows(nested, f"{prefix}.", blocks)
-    return lines + [""]
+    return [*lines, ""]
 
 
 def render_reference() -> str:

@@ -134,7 +134,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.check:
         bad = drifted(args.out_dir)
         if args.out_dir == SCHEMA_DIR and (
-            not REFERENCE_PATH.is_file() or REFERENCE_PATH.read_text(encoding="utf-8") != render_reference()
+            not REFERENCE_PATH.is_file()
+            or REFERENCE_PATH.read_text(encoding="utf-8") != render_reference()
         ):
             bad.append(str(REFERENCE_PATH))
         for name in bad:
