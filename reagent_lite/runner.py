@@ -79,25 +79,9 @@ def describe_dry_run(kind: WorkflowKind, cfg: BaseWorkflowConfig, args: Workflow
 
 
 def _launch_plan(cfg: BaseWorkflowConfig, args: WorkflowArgs) -> tuple[int, str]:
-    try:
-        from reagent_lite.distributed.plan import plan_launch
-    except ImportError as exc:  # the distributed package is optional for a dry run
-        procs = "1 CPU process" if not cfg.use_gpu else "one process per visible GPU"
-        return cfg.num_nodes, (
-            f"(launch planner unavailable: {exc})\n"
-            f"num_nodes: {cfg.num_nodes}, node_index: {args.node_index}, {procs} per node\n"
-            f"init_method: {cfg.init_method or '(default, next to the outputs)'}"
-        )
-    plan = plan_launch(
-        num_nodes=cfg.num_nodes,
-        node_index=args.node_index,
-        use_gpu=cfg.use_gpu,
-        use_all_avail_gpus=cfg.use_all_avail_gpus,
-        init_method=cfg.init_method,
-        run_id=args.run_id,
-        env=os.environ,
-        default_rendezvous_dir=cfg.model_output_path,
-    )
+    from reagent_lite.training.entry import make_plan
+
+    plan = make_plan(cfg, args.node_index, args.run_id)
     return plan.world_size, plan.describe()
 
 
@@ -111,10 +95,8 @@ def _data_lines(path: str, world_size: int, cfg: BaseWorkflowConfig) -> list[str
                 f"({source}, {s.episodes} episodes, {s.policy} logging policy)"
             ]
         return [f"{path}: MISSING (and no sample_data block to generate it)"]
-    try:
-        from reagent_lite.data.readers import shard_plan
-    except ImportError as exc:
-        return [f"{path}: exists (shard planner unavailable: {exc})"]
+    from reagent_lite.data.readers import shard_plan
+
     shards: list[Any] = shard_plan(path, world_size)
     return [f"{path}: {world_size} shard(s)", *str("\n".join(map(str, shards))).splitlines()]
 

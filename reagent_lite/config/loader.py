@@ -275,7 +275,7 @@ def _suggest(loc: tuple[str | int, ...], cls: type[BaseModel]) -> str:
         field = getattr(model, "model_fields", {}).get(part)
         if field is None:
             return ""
-        model = _model_of(field.annotation)
+        model = model_of_annotation(field.annotation)
         if model is None:
             return ""
     known = list(getattr(model, "model_fields", {}))
@@ -283,7 +283,7 @@ def _suggest(loc: tuple[str | int, ...], cls: type[BaseModel]) -> str:
     return f"; did you mean {close[0]!r}?" if close else ""
 
 
-def _model_of(annotation: Any) -> type[BaseModel] | None:
+def model_of_annotation(annotation: Any) -> type[BaseModel] | None:
     if isinstance(annotation, type) and issubclass(annotation, BaseModel):
         return annotation
     for arg in getattr(annotation, "__args__", ()):

@@ -13,6 +13,7 @@ from typing import Any, Literal, get_args, get_origin
 from pydantic import BaseModel
 from pydantic_core import PydanticUndefined
 
+from reagent_lite.config.loader import model_of_annotation
 from reagent_lite.config.models import DQNWorkflowConfig, ParametricDQNWorkflowConfig
 
 REFERENCE_PATH = Path(__file__).resolve().parents[2] / "docs" / "CONFIG.md"
@@ -36,21 +37,12 @@ def _default(field: Any) -> str:
     return f"`{json.dumps(value)}`"
 
 
-def _nested_model(annotation: Any) -> type[BaseModel] | None:
-    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
-        return annotation
-    for arg in getattr(annotation, "__args__", ()):
-        if isinstance(arg, type) and issubclass(arg, BaseModel):
-            return arg
-    return None
-
-
 def _rows(
     model: type[BaseModel], prefix: str, blocks: list[tuple[str, type[BaseModel]]]
 ) -> list[str]:
     rows = []
     for name, field in model.model_fields.items():
-        nested = _nested_model(field.annotation)
+        nested = model_of_annotation(field.annotation)
         if nested is not None:
             blocks.append((f"{prefix}{name}", nested))
         description = (field.description or "").replace("\n", " ").replace("|", "\\|")

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -24,6 +23,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from reagent_lite.errors import DataError
+from reagent_lite.io_utils import atomic_write
 
 REQUIRED_COLUMNS = (
     "mdp_id",
@@ -245,20 +245,5 @@ def read_steps(path: str | os.PathLike[str]) -> pa.Table:
 def write_table(table: pa.Table, path: str | os.PathLike[str]) -> Path:
     """Write `table` as Parquet atomically (temp file in the same directory, then rename)."""
     p = Path(path)
-    p.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".tmp", dir=p.parent)
-    os.close(fd)
-    try:
-        pq.write_table(table, tmp, row_group_size=ROW_GROUP_SIZE)
-        os.chmod(tmp, default_file_mode())  # mkstemp makes 0600; others may need to read
-        os.replace(tmp, p)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    atomic_write(p, lambda tmp: pq.write_table(table, tmp, row_group_size=ROW_GROUP_SIZE))
     return p
-
-
-def default_file_mode() -> int:
-    umask = os.umask(0)
-    os.umask(umask)
-    return 0o666 & ~umask

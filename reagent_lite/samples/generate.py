@@ -7,16 +7,15 @@ same from the command line. Everything is seeded, so the same arguments give the
 
 from __future__ import annotations
 
-import json
 import os
-import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from reagent_lite.data.timeline import build_training_table, default_file_mode, write_table
+from reagent_lite.data.timeline import build_training_table, write_table
 from reagent_lite.errors import ConfigError
+from reagent_lite.io_utils import atomic_write_json
 from reagent_lite.samples.gym_logging import POLICIES, log_gym_episodes
 from reagent_lite.samples.parametric_env import ParametricBanditEnv
 
@@ -228,7 +227,7 @@ def _generate(
     write_table(evaluation, eval_path)
     summary.update(steps=steps.num_rows, train_rows=train.num_rows, eval_rows=evaluation.num_rows)
     if values_path is not None:
-        _write_json(values_path, summary)
+        atomic_write_json(values_path, summary)
     return SampleData(
         steps_path=steps_file,
         training_data_path=train_path,
@@ -239,13 +238,3 @@ def _generate(
         eval_rows=evaluation.num_rows,
         summary=summary,
     )
-
-
-def _write_json(path: Path, obj: dict[str, Any]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    with os.fdopen(fd, "w") as f:
-        json.dump(obj, f, indent=2)
-        f.write("\n")
-    os.chmod(tmp, default_file_mode())
-    os.replace(tmp, path)
