@@ -1,0 +1,66 @@
+"""The report PNG and the online rollout of an exported model, on one real small run."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from reagent_lite.evaluation.online import rollout_exported_model
+from reagent_lite.report import draw_report
+from tests.conftest import run_module
+from tests.workflows.test_end_to_end import make_config
+
+
+@pytest.fixture(scope="module")
+def trained_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    tmp_path = tmp_path_factory.mktemp("run")
+    config = make_config(tmp_path, "dqn", evaluation={"online_episodes": 3})
+    result = run_module("workflows.dqn_workflow", "--config", str(config), timeout=240)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return tmp_path / "out"
+
+
+def test_workflow_records_online_check(trained_run: Path) -> None:
+    meta = json.loads((trained_run / "model_meta.json").read_text())
+    online = meta["online_evaluation"]
+    assert online["env"] == "CartPole-v1" and online["episodes"] == 3
+    # CartPole pays 1 per step, and no episode is shorter than a few steps or longer than 500.
+    assert 5 <= online["mean_return"] <= 500
+
+
+def test_rollout_is_deterministic_and_bounded(trained_run: Path) -> None:
+    meta = json.loads((trained_run / "model_meta.json").read_text())
+    kwargs = dict(
+        env_id="CartPole-v1",
+        episodes=2,
+        seed=7,
+        kind="dqn",
+        state_feature_ids=meta["state_feature_ids"],
+        actions=meta["actions"],
+    )
+    first = rollout_exported_model(trained_run / "model.pt2", **kwargs)  # type: ignore[arg-type]
+    again = rollout_exported_model(trained_run / "model.pt2", **kwargs)  # type: ignore[arg-type]
+    assert first == again
+    capped = rollout_exported_model(trained_run / "model.pt2", max_steps=3, **kwargs)  # type: ignore[arg-type]
+    assert capped["mean_return"] <= 3
+
+
+def test_report_draws_png(trained_run: Path, tmp_path: Path) -> None:
+    path = draw_report(trained_run, tmp_path / "report.png")
+    data = path.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n"
+    assert len(data) > 10_000  # two panels with curves, not an empty canvas
+    result = run_module(
+        "reagent_lite.report", "--run", str(trained_run), "--output", str(tmp_path / "b.png")
+    )
+    assert result.returncode == 0, result.stderr
+    assert (tmp_path / "b.png").is_file()
+
+
+def test_report_without_metrics_is_a_clear_error(tmp_path: Path) -> None:
+    result = run_module("reagent_lite.report", "--run", str(tmp_path))
+    assert result.returncode != 0
+    assert "metrics.jsonl" in result.stderr
+    assert "Traceback" not in result.stderr

@@ -1,0 +1,52 @@
+"""A run that cannot go on stops with a clear error and leaves earlier outputs intact."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import torch
+
+from reagent_lite.training.checkpoint import latest_checkpoint, load_checkpoint
+from tests.conftest import run_module
+from tests.workflows.test_end_to_end import make_config
+
+
+def _digest(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def test_loss_overflow_stops_and_keeps_last_good_checkpoint(tmp_path: Path) -> None:
+    config = make_config(tmp_path, "dqn", epochs=1, evaluation={"calc_cpe_in_training": False})
+    first = run_module("workflows.dqn_workflow", "--config", str(config), timeout=240)
+    assert first.returncode == 0, first.stderr[-3000:]
+    out = tmp_path / "out"
+    model_digest = _digest(out / "model.pt2")
+    checkpoint = latest_checkpoint(out)
+    assert checkpoint is not None
+
+    # Finite but absurd rewards pass validation and overflow the squared TD error.
+    train_path = tmp_path / "data" / "train.parquet"
+    table = pq.read_table(train_path)
+    rewards = pa.array([3.0e38] * table.num_rows, type=table.schema.field("reward").type)
+    pq.write_table(
+        table.set_column(table.schema.get_field_index("reward"), "reward", rewards), train_path
+    )
+    cfg = json.loads(config.read_text())
+    cfg["epochs"] = 2
+    config.write_text(json.dumps(cfg))
+
+    second = run_module("workflows.dqn_workflow", "--config", str(config), "--resume", timeout=240)
+    assert second.returncode == 5, second.stderr[-3000:]
+    assert "loss became" in second.stderr
+    assert str(checkpoint) in second.stderr
+    assert "Traceback" not in second.stderr
+    # The earlier model is untouched and the checkpoint still loads.
+    assert _digest(out / "model.pt2") == model_digest
+    assert latest_checkpoint(out) == checkpoint
+    state = load_checkpoint(checkpoint)
+    assert state["epoch"] == 0
+    assert all(torch.isfinite(v).all() for v in state["q_net"].values())
