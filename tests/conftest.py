@@ -35,6 +35,9 @@ def run_module(
         [str(REPO_ROOT), full_env.get("PYTHONPATH", "")]
     ).rstrip(os.pathsep)
     full_env.setdefault("PYTHONUNBUFFERED", "1")
+    # Tiny networks on a small shared CPU: one thread per process avoids oversubscription
+    # (several test processes at once), which slows small matmuls by an order of magnitude.
+    full_env.setdefault("OMP_NUM_THREADS", "1")
     if env:
         full_env.update(env)
     return subprocess.run(

@@ -114,3 +114,39 @@ class EpochSampler:
                     f" {getattr(self, key)}: cannot resume the same index stream"
                 )
         self.epoch, self.position = int(state["epoch"]), int(state["position"])
+
+
+class UnionSampler(EpochSampler):
+    """In one process, the batches that W ranks with shards of `shard_sizes` rows draw together.
+
+    Rows are the W shards laid end to end in rank order; batch k is the concatenation, in
+    rank order, of batch k of each rank's `EpochSampler(shard_sizes[r], batch_size, ...,
+    rank=r)`, so it holds W·batch_size rows. DDP averages the ranks' mean gradients, which
+    equals the mean gradient over this union when the ranks' batches are equally large (as
+    they always are here): a single process training on these batches is the reference a
+    W-rank job must match (see `reagent_lite.training.verify`).
+    """
+
+    def __init__(
+        self,
+        shard_sizes: Sequence[int],
+        batch_size: int,
+        steps_per_epoch: int,
+        seed: int,
+        device: torch.device | str | None = None,
+    ) -> None:
+        self.shards = [
+            EpochSampler(n, batch_size, steps_per_epoch, seed, rank)
+            for rank, n in enumerate(shard_sizes)
+        ]
+        super().__init__(
+            sum(shard_sizes), batch_size * len(shard_sizes), steps_per_epoch, seed, 0, device
+        )
+        self.offsets = np.cumsum([0, *shard_sizes[:-1]]).tolist()
+
+    def epoch_indices(self, epoch: int) -> torch.Tensor:
+        parts = [
+            (s.epoch_indices(epoch) + offset).view(self.steps_per_epoch, -1)
+            for s, offset in zip(self.shards, self.offsets, strict=True)
+        ]
+        return torch.cat(parts, dim=1).reshape(-1).to(self.device)

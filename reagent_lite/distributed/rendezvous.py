@@ -303,11 +303,16 @@ class FileRendezvous:
             self._check_cancelled()
             if time.monotonic() > deadline:
                 missing = [k for k in range(1, self.num_nodes) if k not in live]
-                raise DistributedError(
+                error = (
                     f"rendezvous timed out after {self.timeout_s:g}s: {len(live) + 1} of "
                     f"{self.num_nodes} nodes arrived; missing node_index {missing} "
                     f"(rendezvous directory {self.dir})"
                 )
+                # Tell the nodes that did arrive, so they fail now with this message rather
+                # than later with a guess (node 0's claim is gone by then).
+                waiting = [c.data["uuid"] for c in first.values() if c.data.get("uuid")]
+                self._publish({"session_id": uuid.uuid4().hex, "members": waiting, "error": error})
+                raise DistributedError(error)
             time.sleep(self.poll_s)
 
         members = [self.claim_id] + [live[k].data["uuid"] for k in range(1, self.num_nodes)]
@@ -333,12 +338,15 @@ class FileRendezvous:
                 f"({self.host} pid {os.getpid()}) has {self.procs_per_node} processes per node "
                 f"and num_nodes={self.num_nodes} while " + "; ".join(problems)
             )
-        tmp = self.dir / f"{SESSION_FILE}.tmp-{session_id}"
-        tmp.write_text(json.dumps(record))
-        os.replace(tmp, self.dir / SESSION_FILE)
+        self._publish(record)
         if record["error"]:
             raise DistributedError(record["error"])
         return Session(session_id, self.dir / record["store"], tuple(members), self.procs_per_node)
+
+    def _publish(self, record: dict[str, Any]) -> None:
+        tmp = self.dir / f"{SESSION_FILE}.tmp-{record['session_id']}"
+        tmp.write_text(json.dumps(record))
+        os.replace(tmp, self.dir / SESSION_FILE)
 
     # ---------------------------------------------------------------- nodes > 0
     def _follow(self, deadline: float) -> Session:
@@ -378,9 +386,13 @@ class FileRendezvous:
         elif self._fs_now_ns() - lead.mtime_ns > self.stale_after_s * 1e9:
             why = f"node 0's claim is stale ({lead.who()} stopped heartbeating)"
         else:
+            absent = [
+                k for k in range(1, self.num_nodes) if self._read_claim(self._lock(k)) is None
+            ]
             why = (
-                f"node 0 ({lead.who()}) is up but still waiting for other nodes; check that "
-                f"all {self.num_nodes} nodes were started with the same num_nodes"
+                f"node 0 ({lead.who()}) is up but still waiting for other nodes"
+                + (f"; missing node_index {absent}" if absent else "")
+                + f"; check that all {self.num_nodes} nodes were started with the same num_nodes"
             )
         return f"{head}: {why} (rendezvous directory {self.dir})"
 

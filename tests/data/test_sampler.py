@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from reagent_lite.data.readers import read_shard, shard_plan
-from reagent_lite.data.sampler import EpochSampler, steps_for
+from reagent_lite.data.sampler import EpochSampler, UnionSampler, steps_for
 
 
 def _epoch(s: EpochSampler) -> list[torch.Tensor]:
@@ -111,6 +111,24 @@ def test_device_and_bad_arguments() -> None:
     assert all(b.device.type == "cpu" for b in s)
     with pytest.raises(ValueError, match="empty shard"):
         EpochSampler(0, 3, 2, seed=0)
+
+
+def test_union_sampler_draws_what_the_ranks_draw_together() -> None:
+    sizes, batch, steps = [333, 334, 334], 16, 25  # wraps around every shard
+    union = UnionSampler(sizes, batch, steps, seed=5)
+    ranks = [EpochSampler(n, batch, steps, seed=5, rank=r) for r, n in enumerate(sizes)]
+    offsets = [0, 333, 667]
+    for epoch in (0, 3):
+        union.set_epoch(epoch)
+        for s in ranks:
+            s.set_epoch(epoch)
+        got = list(union)
+        want = [
+            torch.cat([b + off for b, off in zip(per_rank, offsets, strict=True)])
+            for per_rank in zip(*(list(s) for s in ranks), strict=True)
+        ]
+        assert len(got) == steps and all(len(b) == 3 * batch for b in got)
+        assert all(torch.equal(g, w) for g, w in zip(got, want, strict=True))
 
 
 @pytest.mark.gpu

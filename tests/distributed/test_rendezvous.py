@@ -108,7 +108,16 @@ def test_missing_node_is_named_on_every_node(tmp_path: Path) -> None:
     assert all(isinstance(e, DistributedError) for e in errors), errors
     assert "2 of 3 nodes arrived; missing node_index [2]" in str(errors[0])
     assert "node 0" in str(errors[1]) and "still waiting for other nodes" in str(errors[1])
+    assert "missing node_index [2]" in str(errors[1])
     assert not list(d.glob("node_*.lock"))
+
+
+def test_leader_giving_up_tells_the_nodes_that_came(tmp_path: Path) -> None:
+    d = tmp_path / "r.rdzv"
+    start = time.monotonic()
+    errors = _join_all([_rdzv(d, 0, 3, timeout=0.8), _rdzv(d, 1, 3, timeout=20)])
+    assert time.monotonic() - start < 5  # node 1 did not wait for its own 20 s timeout
+    assert all("2 of 3 nodes arrived; missing node_index [2]" in str(e) for e in errors), errors
 
 
 def test_follower_without_leader_says_node_zero_never_arrived(tmp_path: Path) -> None:
