@@ -1,0 +1,263 @@
+"""`evaluate_cpe`: networks + eval tensors → estimator inputs, checked end to end.
+
+Tiny hand-made networks on a hand-made table (numbers worked out in the comments), then
+oracle networks on the synthetic parametric environment, whose exact values are known.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pyarrow as pa
+import pytest
+import torch
+from torch import Tensor, nn
+
+from reagent_lite.data.tensorize import tensorize_parametric
+from reagent_lite.data.timeline import build_training_table
+from reagent_lite.evaluation.cpe_models import CpeNets
+from reagent_lite.evaluation.evaluator import evaluate_cpe
+from reagent_lite.samples.parametric_env import Contexts, ParametricBanditEnv
+from reagent_lite.training.kinds import KINDS
+from reagent_lite.training.tensordict import TensorDict
+
+DQN, PARAMETRIC = KINDS["dqn"], KINDS["parametric_dqn"]
+
+
+class Table(nn.Module):
+    """A 'network' that returns a fixed [N, K] table, row i for state value i (dqn)."""
+
+    values: Tensor
+
+    def __init__(self, values: list[list[float]]):
+        super().__init__()
+        self.register_buffer("values", torch.tensor(values, dtype=torch.float32))
+
+    def forward(self, state: Tensor) -> Tensor:
+        return self.values[state[:, 0].long()]
+
+
+class FirstFeature(nn.Module):
+    """Parametric 'network': the score of a candidate is its first feature."""
+
+    def forward(self, state: Tensor, actions: Tensor) -> Tensor:
+        return actions[..., 0]
+
+
+def discrete_table() -> TensorDict:
+    """Three one-step episodes, two actions; row i has state [i]."""
+    n = 3
+    return TensorDict(
+        {
+            "state": torch.arange(n, dtype=torch.float32)[:, None],
+            "next_state": torch.zeros(n, 1),
+            "action": torch.tensor([0, 1, 1]),
+            "next_action": torch.full((n,), -1),
+            "reward": torch.tensor([1.0, 2.0, 1.5]),
+            "possible_actions_mask": torch.tensor([[1.0, 1.0], [1.0, 1.0], [1.0, 0.0]]),
+            "possible_next_actions_mask": torch.zeros(n, 2),
+            "terminal": torch.ones(n),
+            "time_diff": torch.ones(n),
+            "propensity": torch.tensor([0.25, 0.5, 0.4]),
+            "mdp_id": torch.arange(n),
+            "sequence_number": torch.zeros(n, dtype=torch.long),
+        }
+    )
+
+
+def test_discrete_hand_computed() -> None:
+    # Q = T · log(wanted probabilities), so that softmax(Q / T) over the possible actions
+    # is `wanted`.
+    t = 0.5
+    wanted = np.array([[0.8, 0.2], [0.5, 0.5], [1.0, 0.0]])
+    q = (t * np.log(np.where(wanted > 0, wanted, 1.0))).tolist()  # row 2's slot 1 is masked
+    r_hat = [[0.9, 0.1], [1.0, 3.0], [0.5, 7.0]]  # 7.0 sits on a masked slot: never used
+    q_hat = [[1.0, 0.0], [2.0, 4.0], [1.0, 9.0]]
+    out = evaluate_cpe(
+        DQN,
+        Table(q),
+        CpeNets(Table(r_hat), Table(q_hat)),
+        discrete_table(),
+        temperature=t,
+        gamma=0.9,
+        n_bootstrap=0,
+        seed=0,
+    )
+    # pi = wanted (row 2 is restricted to action 0). Logged a = 0, 1, 1; mu = .25, .5, .4.
+    # w = pi[a] / mu = .8/.25 = 3.2 ; .5/.5 = 1 ; 0/.4 = 0 (action 1 is not possible in row 2)
+    # DM rows: .8·.9 + .2·.1 = .74 ; .5·1 + .5·3 = 2 ; 1·.5 = .5
+    # DR rows: .74 + 3.2(1 - .9) = 1.06 ; 2 + 1(2 - 3) = 1 ; .5 + 0 = .5
+    logged = (1.0 + 2.0 + 1.5) / 3
+    expected = {
+        "direct_method": (0.74 + 2.0 + 0.5) / 3,
+        "ips": (3.2 * 1.0 + 1.0 * 2.0 + 0.0) / 3,
+        "snips": (3.2 * 1.0 + 1.0 * 2.0) / (3.2 + 1.0),
+        "doubly_robust": (1.06 + 1.0 + 0.5) / 3,
+        # One-step episodes: sequential DR = v̂ + w (r - q̂(a)) per row, with q̂ not r̂:
+        # v̂ = .8·1 + .2·0 = .8 ; .5·2 + .5·4 = 3 ; 1·1 = 1
+        # .8 + 3.2(1 - 1) = .8 ; 3 + 1(2 - 4) = 1 ; 1 + 0 = 1
+        "sequential_doubly_robust": (0.8 + 1.0 + 1.0) / 3,
+    }
+    for name, value in expected.items():
+        assert out[name]["raw"] == pytest.approx(value), name
+        assert out[name]["normalized"] == pytest.approx(value / logged), name
+    assert out["rows"] == {"scored": 3.0, "dropped": 0.0, "logged_action_not_candidate": 0.0}
+
+
+def parametric_table() -> pa.Table:
+    """Two rows; row 1's logged action is not among its candidates."""
+
+    def fmap(values: list[float]) -> list[tuple[str, float]]:
+        return [(str(100 + j), v) for j, v in enumerate(values)]
+
+    map_type = pa.map_(pa.string(), pa.float64())
+    return pa.table(
+        {
+            "mdp_id": ["a", "b"],
+            "sequence_number": pa.array([0, 0], pa.int64()),
+            "state_features": pa.array([[("0", 1.0)], [("0", 2.0)]], map_type),
+            "action": pa.array([fmap([0.0, 1.0]), fmap([5.0, 0.0])], map_type),
+            "reward": [1.0, 3.0],
+            "next_state_features": pa.array([[], []], map_type),
+            "next_action": pa.array([[], []], map_type),
+            "possible_actions": pa.array(
+                [[fmap([0.0, 1.0]), fmap([math.log(3.0), 0.0])], [fmap([0.0, 0.0])]],
+                pa.list_(map_type),
+            ),
+            "possible_next_actions": pa.array([[], []], pa.list_(map_type)),
+            "action_probability": [0.5, 0.5],
+        }
+    )
+
+
+def tensors(raw: object) -> TensorDict:
+    """Raw (unnormalized) parametric transitions as the evaluator's TensorDict."""
+    fields = [
+        "state",
+        "next_state",
+        "possible_actions",
+        "possible_actions_mask",
+        "possible_next_actions",
+        "possible_next_actions_mask",
+        "action_index",
+        "reward",
+        "terminal",
+        "time_diff",
+        "propensity",
+        "mdp_id",
+        "sequence_number",
+    ]
+    return TensorDict({name: getattr(raw, name) for name in fields})
+
+
+def test_parametric_logged_action_not_among_candidates() -> None:
+    raw = tensorize_parametric(parametric_table(), ["0"], ["100", "101"])
+    assert raw.action_index.tolist() == [0, -1]
+    out = evaluate_cpe(
+        PARAMETRIC,
+        FirstFeature(),  # Q = first feature: row 0 → [0, ln 3] → pi = [.25, .75] at T = 1
+        CpeNets(FirstFeature(), FirstFeature()),
+        tensors(raw),
+        temperature=1.0,
+        gamma=1.0,
+        n_bootstrap=0,
+        seed=0,
+    )
+    # Row 0: w = .25 / .5 = .5; DM = .75 ln 3; DR = DM + .5 (1 - 0).
+    # Row 1: its only candidate scores 0 and pi = [1]; the logged action is not a candidate,
+    # so the learned policy never takes it: w = 0, DM = DR = 0. Both rows are kept.
+    dm0 = 0.75 * math.log(3.0)
+    assert out["direct_method"]["raw"] == pytest.approx(dm0 / 2)
+    assert out["ips"]["raw"] == pytest.approx(0.5 * 1.0 / 2)
+    assert out["snips"]["raw"] == pytest.approx(1.0)
+    assert out["doubly_robust"]["raw"] == pytest.approx((dm0 + 0.5) / 2)
+    assert out["sequential_doubly_robust"]["raw"] == pytest.approx((dm0 + 0.5) / 2)
+    assert out["direct_method"]["normalized"] == pytest.approx(dm0 / 2 / 2.0)
+    assert out["rows"] == {"scored": 2.0, "dropped": 0.0, "logged_action_not_candidate": 1.0}
+
+
+# ------------------------------------------------------------------ synthetic environment
+class EnvScorer(nn.Module):
+    """An oracle 'network' on raw features: the env's expected reward μ(s, a), or
+    `temperature · log` of the logging policy's probabilities (so that the evaluator's
+    softmax at that temperature is the logging policy itself)."""
+
+    def __init__(self, env: ParametricBanditEnv, what: str, temperature: float = 1.0):
+        super().__init__()
+        self.env, self.what, self.temperature = env, what, temperature
+
+    def forward(self, state: Tensor, actions: Tensor) -> Tensor:
+        ctx = Contexts(
+            state.double().numpy(),
+            actions.double().numpy(),
+            np.ones(actions.shape[:2], dtype=bool),
+            self.env.state_feature_ids,
+            self.env.action_feature_ids,
+        )
+        if self.what == "reward":
+            out = self.env.expected_reward(ctx)
+        else:  # log-probabilities over all slots: a per-row shift of the masked ones
+            out = self.temperature * np.log(self.env.logging_probs(ctx))
+        return torch.from_numpy(out).float()
+
+
+@pytest.fixture(scope="module")
+def bandit() -> tuple[ParametricBanditEnv, TensorDict, Contexts]:
+    env = ParametricBanditEnv(seed=3)
+    table, _ = build_training_table(env.log_episodes(4000, seed=5).steps, eval_fraction=0.0)
+    raw = tensorize_parametric(table, env.state_feature_ids, env.action_feature_ids)
+    contexts = Contexts(
+        raw.state.double().numpy(),
+        raw.possible_actions.double().numpy(),
+        raw.possible_actions_mask.numpy() > 0,
+        env.state_feature_ids,
+        env.action_feature_ids,
+    )
+    return env, tensors(raw), contexts
+
+
+def _evaluate(env: ParametricBanditEnv, data: TensorDict, q_net: nn.Module, t: float) -> dict:
+    oracle = EnvScorer(env, "reward")
+    nets = CpeNets(oracle, EnvScorer(env, "reward"))
+    return evaluate_cpe(
+        PARAMETRIC, q_net, nets, data, temperature=t, gamma=0.9, n_bootstrap=200, seed=1
+    )
+
+
+def test_logging_policy_evaluates_to_one(bandit) -> None:
+    env, data, contexts = bandit
+    t = 0.3
+    out = _evaluate(env, data, EnvScorer(env, "logging", t), t)
+    # Target = logging policy: every importance weight is 1, so IPS and SNIPS are exactly
+    # the logged value; DM (with the true μ) is the logging policy's exact value.
+    assert out["ips"]["normalized"] == pytest.approx(1.0, abs=1e-5)
+    assert out["snips"]["normalized"] == pytest.approx(1.0, abs=1e-5)
+    truth = env.logging_value(contexts)
+    assert out["direct_method"]["raw"] == pytest.approx(truth, abs=1e-5)
+    for name in ("doubly_robust", "sequential_doubly_robust", "weighted_doubly_robust"):
+        assert out[name]["normalized"] == pytest.approx(1.0, abs=0.02), name
+
+
+@pytest.mark.parametrize("temperature", [0.05, 0.2])
+def test_oracle_policy_estimates_track_its_true_value(bandit, temperature) -> None:
+    env, data, contexts = bandit
+    q_net = EnvScorer(env, "reward")  # the best possible Q: softmax of μ / T
+
+    def policy(ctx: Contexts) -> np.ndarray:
+        mu = np.where(ctx.mask, env.expected_reward(ctx) / temperature, -np.inf)
+        z = np.exp(mu - mu.max(axis=1, keepdims=True))
+        return z / z.sum(axis=1, keepdims=True)
+
+    truth = env.true_policy_value(policy, contexts)
+    out = _evaluate(env, data, q_net, temperature)
+    assert out["direct_method"]["raw"] == pytest.approx(truth, abs=1e-5)  # exact r̂ = μ
+    for name in ("ips", "snips", "doubly_robust", "sequential_doubly_robust"):
+        est = out[name]
+        assert abs(est["raw"] - truth) <= 3 * est["raw_std_error"] + 1e-4, (name, est, truth)
+        assert est["normalized"] == pytest.approx(est["raw"] / out_logged(data), rel=1e-6)
+    assert out["direct_method"]["raw"] > env.logging_value(contexts) + 0.05
+
+
+def out_logged(data: TensorDict) -> float:
+    return float(data.reward.double().mean())
