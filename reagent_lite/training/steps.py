@@ -1,0 +1,431 @@
+"""The training step as `Workflow.train` runs it: eager, or the whole update as one CUDA graph.
+
+`StepRunner.step()` is one optimizer step (its `minibatches_per_step` micro-batches, the
+CPE side models if on) with no host synchronisation: indices come from the epoch's stream
+already on the device, rows are gathered on the device, the loss is summed into a device
+scalar. On CUDA with `cuda_graphs: true` the whole update — index lookup, gathers,
+forwards, backward, fused Adam, soft target update, CPE step — is captured once and then
+replayed, so a step costs one launch instead of a few hundred; if capture is impossible or
+fails the runner says why and stays eager.
+
+Data placement:
+* resident (`device_resident_data: true`, or any CPU run): the shard lives on the device;
+* streamed (`device_resident_data: false` on CUDA): the shard stays in host memory; a
+  background thread gathers the rows of the next chunk of steps (in epoch order) into
+  pinned buffers and copies them to the device on a side stream while the GPU trains on
+  the current chunk (`HostChunkStream`). Device memory holds a few chunks, not the shard.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import queue
+import threading
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from reagent_lite.data.sampler import EpochSampler
+from reagent_lite.training.tensordict import TensorDict
+
+log = logging.getLogger("reagent_lite")
+
+# Columns only evaluation reads: never gathered or streamed for training steps.
+EVAL_ONLY_FIELDS = ("propensity", "mdp_id", "sequence_number")
+# Eager steps run before capture so that lazily created state (Adam moments, cuBLAS
+# workspaces) exists; their effect on the model is undone afterwards.
+_WARMUP_STEPS = 3
+# Rows per streamed chunk (rounded to whole steps): large enough that the per-chunk
+# handoff is noise, small enough that a few chunks fit any GPU next to the model.
+DEFAULT_CHUNK_ROWS = 1 << 18
+
+
+class LazyBatch:
+    """Rows `idx` of `source`, gathered on first access of each field.
+
+    Trainers read a handful of fields (`batch.state`, `batch.reward`, ...); gathering
+    only those saves the bandwidth of the rest. `idx` is an index tensor or a slice (a
+    streamed chunk is already in step order, so its batches are views)."""
+
+    __slots__ = ("_cache", "_idx", "_source")
+
+    def __init__(self, source: Mapping[str, Tensor], idx: Tensor | slice):
+        object.__setattr__(self, "_source", source)
+        object.__setattr__(self, "_idx", idx)
+        object.__setattr__(self, "_cache", {})
+
+    def __getattr__(self, name: str) -> Tensor:
+        cache: dict[str, Tensor] = object.__getattribute__(self, "_cache")
+        found = cache.get(name)
+        if found is None:
+            source = object.__getattribute__(self, "_source")
+            if name not in source:
+                raise AttributeError(name)
+            idx = object.__getattribute__(self, "_idx")
+            column = source[name]
+            found = column[idx] if isinstance(idx, slice) else column.index_select(0, idx)
+            cache[name] = found
+        return found
+
+    def __getitem__(self, name: str) -> Tensor:
+        return self.__getattr__(name)
+
+    def __contains__(self, name: object) -> bool:
+        return name in object.__getattribute__(self, "_source")
+
+
+def training_columns(data: TensorDict) -> dict[str, Tensor]:
+    """The shard's columns that training steps may read (no copies)."""
+    return {k: v for k, v in data.items() if k not in EVAL_ONLY_FIELDS}
+
+
+class HostChunkStream:
+    """Chunks of an epoch's rows, gathered on the host and prefetched to the device.
+
+    A worker thread gathers chunk c+1 into a pinned buffer and copies it to the device on
+    a side stream (`non_blocking`) while the caller trains on chunk c; the caller's stream
+    waits on the copy's event before using it. Two pinned buffers rotate; the worker waits
+    for a buffer's last copy to finish before refilling it."""
+
+    def __init__(self, columns: Mapping[str, Tensor], device: torch.device, chunk_rows: int):
+        self.columns = {k: v.contiguous() for k, v in columns.items()}
+        self.device = device
+        self.chunk_rows = chunk_rows
+        self._side = torch.cuda.Stream(device)
+        self._pinned = [
+            {
+                k: torch.empty((chunk_rows, *v.shape[1:]), dtype=v.dtype).pin_memory()
+                for k, v in self.columns.items()
+            }
+            for _ in range(2)
+        ]
+        self._copied: list[torch.cuda.Event | None] = [None, None]
+
+    def chunks(self, order: Tensor) -> Iterator[tuple[dict[str, Tensor], int]]:
+        """Yields (device columns, rows) for consecutive pieces of `order` (host indices)."""
+        out: queue.Queue[Any] = queue.Queue(maxsize=1)
+        stop = threading.Event()
+
+        def work() -> None:
+            try:
+                for n, start in enumerate(range(0, order.numel(), self.chunk_rows)):
+                    if stop.is_set():
+                        return
+                    idx = order[start : start + self.chunk_rows]
+                    rows = idx.numel()
+                    slot = n % 2
+                    done = self._copied[slot]
+                    if done is not None:
+                        done.synchronize()  # the pinned buffer's last copy has landed
+                    pinned = self._pinned[slot]
+                    dev: dict[str, Tensor] = {}
+                    with torch.cuda.stream(self._side):
+                        for k, col in self.columns.items():
+                            buf = pinned[k][:rows]
+                            torch.index_select(col, 0, idx, out=buf)
+                            dev[k] = buf.to(self.device, non_blocking=True)
+                        event = torch.cuda.Event()
+                        event.record(self._side)
+                    self._copied[slot] = event
+                    out.put((dev, rows, event))
+                out.put(None)
+            except BaseException as err:  # surfaced in the consumer
+                out.put(err)
+
+        worker = threading.Thread(target=work, name="reagent-lite-prefetch", daemon=True)
+        worker.start()
+        try:
+            while True:
+                item = out.get()
+                if item is None:
+                    return
+                if isinstance(item, BaseException):
+                    raise item
+                dev, rows, event = item
+                current = torch.cuda.current_stream(self.device)
+                current.wait_event(event)
+                for t in dev.values():
+                    # Allocated on the side stream, used on this one: keep the allocator
+                    # from handing the memory back to the side stream too early.
+                    t.record_stream(current)
+                yield dev, rows
+        finally:
+            stop.set()
+            while worker.is_alive():
+                with contextlib.suppress(queue.Empty):
+                    out.get(timeout=0.1)
+            worker.join()
+
+
+def _adam_family(opt: torch.optim.Optimizer) -> bool:
+    return type(opt) in (torch.optim.Adam, torch.optim.AdamW)
+
+
+def _make_capturable(opt: torch.optim.Optimizer, device: torch.device, lr_tensor: bool) -> None:
+    """Adam(W) whose step can live in a CUDA graph: device step counters, and (when the
+    learning rate changes between epochs) the lr as a device tensor the graph reads."""
+    opt.defaults["capturable"] = True
+    # Warm-up and evaluation run it outside a graph on purpose: no warning about that.
+    opt._warned_capturable_if_run_uncaptured = True
+    for group in opt.param_groups:
+        group["capturable"] = True
+        lr = group["lr"]
+        if lr_tensor and not (isinstance(lr, Tensor) and lr.device == device):
+            group["lr"] = torch.tensor(float(lr), dtype=torch.float32, device=device)
+    for state in opt.state.values():
+        step = state.get("step")
+        if isinstance(step, Tensor) and step.device != device:
+            state["step"] = step.to(device=device, dtype=torch.float32)
+
+
+def plain_lr(optimizer_state: dict[str, Any]) -> dict[str, Any]:
+    """An optimizer state_dict with tensor learning rates turned into floats (portable)."""
+    for group in optimizer_state.get("param_groups", []):
+        if isinstance(group.get("lr"), Tensor):
+            group["lr"] = float(group["lr"])
+    return optimizer_state
+
+
+class _Snapshot:
+    """Values of parameters, buffers and optimizer state, to undo the warm-up steps."""
+
+    def __init__(self, modules: list[nn.Module], optimizers: list[torch.optim.Optimizer]):
+        self.optimizers = optimizers
+        self.tensors: list[tuple[Tensor, Tensor]] = []
+        for module in modules:
+            for t in [*module.parameters(), *module.buffers()]:
+                self.tensors.append((t, t.detach().clone()))
+        self.opt_state: dict[int, Tensor] = {}
+        for opt in optimizers:
+            for state in opt.state.values():
+                for v in state.values():
+                    if isinstance(v, Tensor):
+                        self.opt_state[id(v)] = v.detach().clone()
+
+    @torch.no_grad()
+    def restore(self) -> None:
+        for t, saved in self.tensors:
+            t.copy_(saved)
+        for opt in self.optimizers:
+            for state in opt.state.values():
+                for v in state.values():
+                    if isinstance(v, Tensor):
+                        before = self.opt_state.get(id(v))
+                        # State born in the warm-up (Adam moments, step) starts at zero.
+                        v.copy_(before) if before is not None else v.zero_()
+
+
+class StepRunner:
+    """Runs the optimizer steps of one rank. `Workflow.train` calls `begin_epoch(epoch)`,
+    then `step()` `steps_per_epoch` times, reading `loss_sum` (a device scalar)."""
+
+    def __init__(
+        self,
+        *,
+        trainer: Any,
+        cpe: Any | None,
+        q_net: nn.Module,
+        data: TensorDict,
+        sampler: EpochSampler,
+        device: torch.device,
+        steps_per_epoch: int,
+        minibatches_per_step: int,
+        minibatch_size: int,
+        cuda_graphs: bool,
+        resident: bool,
+        distributed_wrapper: bool,
+        chunk_rows: int | None = None,
+    ) -> None:
+        self.trainer = trainer
+        self.cpe = cpe
+        self.q_net = q_net
+        self.sampler = sampler
+        self.device = device
+        self.steps_per_epoch = steps_per_epoch
+        self.mps = minibatches_per_step
+        self.batch = minibatch_size
+        self.step_rows = minibatch_size * minibatches_per_step
+        self.columns = training_columns(data)
+        self.streamed = device.type == "cuda" and not resident
+        self.loss_sum = torch.zeros((), device=device)
+        self.graph: torch.cuda.CUDAGraph | None = None
+        self.mode = "eager"
+        self._want_graph = cuda_graphs and device.type == "cuda"
+        self._why_eager = ""
+        if self._want_graph:
+            self._why_eager = self._graph_blocker(distributed_wrapper)
+            self._want_graph = not self._why_eager
+        self._eager_indices: Iterator[Tensor] | None = None
+        self._chunks: Iterator[tuple[dict[str, Tensor], int]] | None = None
+        self._chunk: dict[str, Tensor] = {}
+        self._chunk_steps = 0
+        self._chunk_pos = 0
+        if self.streamed:
+            steps = max(1, (chunk_rows or DEFAULT_CHUNK_ROWS) // self.step_rows)
+            self.chunk_rows = steps * self.step_rows
+            self._host = HostChunkStream(self.columns, device, self.chunk_rows)
+        # Graph inputs: the epoch's index stream [steps, rows per step] (or, streamed, an
+        # arange over the static chunk) and the step counter, both on the device.
+        self._pos = torch.zeros(1, dtype=torch.int64, device=device)
+        self._static_src: dict[str, Tensor] = self.columns
+        self._lr_tensors: list[Tensor] = []
+        self._stream: Tensor | None = None
+
+    # ------------------------------------------------------------------ policy
+    def _graph_blocker(self, distributed_wrapper: bool) -> str:
+        optimizers = [self.trainer.optimizer]
+        if self.cpe is not None:
+            optimizers.append(self.cpe.optimizer)
+        if distributed_wrapper:
+            return "the network is wrapped for data parallelism (DDP/DP steps run eagerly)"
+        if not all(_adam_family(o) for o in optimizers):
+            return f"optimizer {type(self.trainer.optimizer).__name__} is not Adam/AdamW"
+        return ""
+
+    def describe(self) -> str:
+        data = (
+            f"streamed from host in chunks of {self.chunk_rows} rows"
+            if self.streamed
+            else ("resident on " + str(self.device))
+        )
+        mode = "one CUDA graph per step" if self.mode == "graph" else "eager"
+        why = f" ({self._why_eager})" if self._why_eager and self.mode != "graph" else ""
+        return f"training step: {mode}{why}; data {data}"
+
+    # ------------------------------------------------------------------- epoch
+    def begin_epoch(self, epoch: int) -> None:
+        self.sampler.set_epoch(epoch)
+        self.loss_sum.zero_()
+        if self.streamed:
+            order = self.sampler.epoch_indices(epoch).cpu()
+            self._chunks = self._host.chunks(order)
+            self._chunk_steps = self._chunk_pos = 0
+        elif self._want_graph or self.mode == "graph":
+            stream = self.sampler.epoch_indices(epoch).view(self.steps_per_epoch, self.step_rows)
+            if self._stream is None:
+                self._stream = stream.to(self.device).contiguous()
+            else:
+                self._stream.copy_(stream)
+            self._pos.zero_()
+        else:
+            self._eager_indices = iter(self.sampler)
+        if self._want_graph and self.graph is None:
+            self._try_capture()
+            self.loss_sum.zero_()
+        if self.mode == "graph" and self.trainer.optimizer.param_groups:
+            self._sync_lr()
+
+    def _sync_lr(self) -> None:
+        """The scheduler may have put a float where the graph reads a tensor: copy it back."""
+        for group, lr in zip(self.trainer.optimizer.param_groups, self._lr_tensors, strict=True):
+            if group["lr"] is not lr:
+                lr.fill_(float(group["lr"]))
+                group["lr"] = lr
+
+    # -------------------------------------------------------------------- step
+    def step(self) -> None:
+        if self.streamed:
+            self._next_streamed_step()
+            self._chunk_pos += 1  # the step counter of the chunk (the graph keeps its own)
+        if self.mode == "graph":
+            assert self.graph is not None
+            self.graph.replay()
+            return
+        if self.streamed:
+            start = (self._chunk_pos - 1) * self.step_rows
+            batches = [
+                LazyBatch(self._chunk, slice(start + j * self.batch, start + (j + 1) * self.batch))
+                for j in range(self.mps)
+            ]
+        else:
+            assert self._eager_indices is not None
+            batches = [LazyBatch(self.columns, next(self._eager_indices)) for _ in range(self.mps)]
+        self._update(batches)
+
+    def _update(self, batches: list[Any]) -> None:
+        record = self.trainer.train_step(batches)
+        self.loss_sum += record.total
+        if self.cpe is not None:
+            self.cpe.train_step(batches[0], self.q_net)
+
+    def _graph_body(self) -> None:
+        assert self._stream is not None
+        rows = self._stream.index_select(0, self._pos).view(self.mps, self.batch)
+        self._pos.add_(1)
+        self._update([LazyBatch(self._static_src, rows[j]) for j in range(self.mps)])
+
+    def _next_streamed_step(self) -> None:
+        if self._chunk_pos < self._chunk_steps:
+            return
+        assert self._chunks is not None
+        chunk, rows = next(self._chunks)
+        self._chunk_steps, self._chunk_pos = rows // self.step_rows, 0
+        if self.mode == "graph":
+            for k, t in chunk.items():
+                self._static_src[k][:rows].copy_(t)
+            self._pos.zero_()
+        else:
+            self._chunk = chunk
+
+    # ----------------------------------------------------------------- capture
+    def _modules(self) -> list[nn.Module]:
+        mods = [self.trainer.online, self.trainer.target]
+        if self.cpe is not None:
+            mods += [self.cpe.nets, self.cpe.target_value]
+        return mods
+
+    def _optimizers(self) -> list[torch.optim.Optimizer]:
+        opts = [self.trainer.optimizer]
+        if self.cpe is not None:
+            opts.append(self.cpe.optimizer)
+        return opts
+
+    def _try_capture(self) -> None:
+        """Warm up, capture, undo the warm-up; on any failure stay eager and say why."""
+        self._want_graph = False
+        # Capturable first: it may move step counters, which the snapshot must then hold.
+        _make_capturable(self.trainer.optimizer, self.device, lr_tensor=True)
+        self._lr_tensors = [g["lr"] for g in self.trainer.optimizer.param_groups]
+        if self.cpe is not None:
+            _make_capturable(self.cpe.optimizer, self.device, lr_tensor=False)
+        snapshot = _Snapshot(self._modules(), self._optimizers())
+        try:
+            if self.streamed:
+                self._static_src = {
+                    k: torch.zeros(
+                        (self.chunk_rows, *v.shape[1:]), dtype=v.dtype, device=self.device
+                    )
+                    for k, v in self.columns.items()
+                }
+                self._stream = torch.arange(self.chunk_rows, device=self.device).view(
+                    -1, self.step_rows
+                )
+            side = torch.cuda.Stream(self.device)
+            side.wait_stream(torch.cuda.current_stream(self.device))
+            with torch.cuda.stream(side):
+                for _ in range(_WARMUP_STEPS):
+                    self._pos.zero_()
+                    self._graph_body()
+            torch.cuda.current_stream(self.device).wait_stream(side)
+            for opt in self._optimizers():
+                opt.zero_grad(set_to_none=True)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                self._graph_body()
+        except Exception as err:  # any capture problem: eager is always correct
+            torch.cuda.synchronize(self.device)
+            snapshot.restore()
+            self._why_eager = f"CUDA graph capture failed: {type(err).__name__}: {err}"
+            log.warning("cuda_graphs: %s; training eagerly", self._why_eager)
+            self._static_src = self.columns
+            if not self.streamed:
+                self._eager_indices = iter(self.sampler)
+            return
+        torch.cuda.synchronize(self.device)
+        snapshot.restore()
+        self._pos.zero_()
+        self.graph = graph
+        self.mode = "graph"
