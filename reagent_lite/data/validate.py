@@ -20,7 +20,14 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from reagent_lite.data.readers import ALIASES
-from reagent_lite.data.tensorize import map_entries
+from reagent_lite.data.tensorize import (
+    NAME_EMPTY,
+    NAME_NULL,
+    dictionary_codes,
+    map_entries,
+    small_string_dictionary,
+    string_index,
+)
 from reagent_lite.errors import DataError
 
 log = logging.getLogger(__name__)
@@ -161,19 +168,24 @@ def _nonfinite(values: pa.Array | pa.ChunkedArray) -> np.ndarray:
     """Per value: null, NaN or ±inf."""
     if _t.is_integer(values.type):
         return np.asarray(values.is_null().to_numpy(zero_copy_only=False), bool)
-    v = values.cast(pa.float64()).to_numpy(zero_copy_only=False)
+    if _t.is_float32(values.type) or _t.is_float64(values.type):
+        v = values.to_numpy(zero_copy_only=False)  # nulls come out as NaN
+    else:
+        v = values.cast(pa.float64()).to_numpy(zero_copy_only=False)
     return ~np.isfinite(v)
 
 
 def _bad_key_entries(keys: pa.Array) -> np.ndarray:
     """Per map key: not a string of a non-negative integer."""
     if _t.is_dictionary(keys.type):
-        bad_dict = _bad_key_entries(keys.dictionary)
-        return (
-            bad_dict[keys.indices.to_numpy(zero_copy_only=False)]
-            if len(bad_dict)
-            else np.zeros(0, bool)
-        )
+        small = small_string_dictionary(keys)
+        if small is not None:  # the regex below, in Python: no kernel call per slice
+            bad_dict = np.array([not (k.isascii() and k.isdigit()) for k in small], bool)
+        else:
+            bad_dict = _bad_key_entries(keys.dictionary)
+        if not bad_dict.any():
+            return np.zeros(len(keys), bool)
+        return bad_dict[dictionary_codes(keys)]
     if _t.is_integer(keys.type):
         return _bools(pc.less(keys, 0))
     return ~_bools(pc.match_substring_regex(keys, r"^[0-9]+$"))
@@ -187,8 +199,18 @@ def _map_rows(col: pa.ChunkedArray, n: int, nested: bool) -> tuple[np.ndarray, n
     for chunk in col.chunks:
         maps, parent = chunk, None
         if nested:
-            parent = pc.list_parent_indices(chunk).to_numpy(zero_copy_only=False)
             maps = chunk.flatten()
+        if not maps.null_count:
+            # Check the entries first; rows are only worked out when some entry is bad.
+            lo, hi = maps.offsets[0].as_py(), maps.offsets[-1].as_py()
+            if not (
+                _nonfinite(maps.items.slice(lo, hi - lo)).any()
+                or _bad_key_entries(maps.keys.slice(lo, hi - lo)).any()
+            ):
+                start += len(chunk)
+                continue
+        if nested:
+            parent = pc.list_parent_indices(chunk).to_numpy(zero_copy_only=False)
         rows, keys, items = map_entries(maps)
         if parent is not None:
             rows = parent[rows]
@@ -218,7 +240,6 @@ def _name_rows(
     col: pa.ChunkedArray, actions: Sequence[str], n: int, allow_empty: bool
 ) -> np.ndarray:
     """Rows naming an action not in `actions` (lists checked element-wise)."""
-    value_set = pa.array(list(actions), pa.string())
     if _is_list(col.type):
         bad = np.zeros(n, bool)
         if _t.is_null(col.type.value_type):
@@ -228,8 +249,9 @@ def _name_rows(
             names = chunk.flatten()
             if _is_str(names.type):
                 parent = pc.list_parent_indices(chunk).to_numpy(zero_copy_only=False)
-                unknown = ~_bools(pc.is_in(names.cast(pa.string()), value_set=value_set))
-                bad[parent[unknown] + start] = True
+                unknown = string_index(names, actions) < 0
+                if unknown.any():
+                    bad[parent[unknown] + start] = True
             else:  # 0/1 masks: one entry per action (an empty list = no action possible)
                 lengths = pc.list_value_length(chunk).fill_null(0).to_numpy(zero_copy_only=False)
                 bad[start : start + len(chunk)] |= (lengths != len(actions)) & (lengths != 0)
@@ -237,12 +259,10 @@ def _name_rows(
         return bad
     if _t.is_null(col.type):
         return np.zeros(n, bool)
-    names = col.cast(pa.string())
-    known = _bools(pc.is_in(names, value_set=value_set))
+    idx = string_index(col, actions)
     if allow_empty:
-        empty = _bools(pc.or_kleene(names.is_null(), pc.equal(names, "")))
-        return ~known & ~empty
-    return ~known
+        return idx == -1
+    return idx < 0
 
 
 # ----------------------------------------------------------------------------- validate
@@ -284,32 +304,12 @@ def _check_columns(table: pa.Table, kind: Kind, source: str) -> dict[str, str]:
     return chosen
 
 
-def validate(
-    table: pa.Table,
-    kind: Kind,
-    *,
-    actions: Sequence[str] | None = None,
-    source: str,
-    drop_bad_rows: bool = False,
-) -> tuple[pa.Table, ValidationReport]:
-    """Check `table` (one shard, read from `source`) for the `kind` workflow.
-
-    Returns the table (aliases renamed, bad rows dropped if asked) and a report. `actions`
-    (dqn) enables the action-name checks.
-    """
-    if kind not in ("dqn", "parametric_dqn"):
-        raise ValueError(f"kind must be 'dqn' or 'parametric_dqn', got {kind!r}")
-    for alias, canon in ALIASES.items():
-        if alias in table.column_names and canon not in table.column_names:
-            table = table.rename_columns([canon if c == alias else c for c in table.column_names])
+def _row_checks(
+    table: pa.Table, kind: Kind, cols: dict[str, str], actions: Sequence[str] | None
+) -> list[tuple[str, np.ndarray, str]]:
+    """(column, bad-row mask, what is wrong) for every rule some row of `table` breaks."""
     n = table.num_rows
-    if n == 0:
-        raise DataError(
-            f"{source}: no rows (empty table, or an empty shard: more ranks than rows?)"
-        )
-    cols = _check_columns(table, kind, source)
-
-    checks: list[tuple[str, np.ndarray, str]] = []  # (column, bad-row mask, what is wrong)
+    checks: list[tuple[str, np.ndarray, str]] = []
 
     def add(column: str, mask: np.ndarray, what: str) -> None:
         if mask.any():
@@ -336,10 +336,10 @@ def validate(
             add(name, bad_len, "dense feature list of a different length than the first row's")
 
     if kind == "dqn":
-        action_names = col("action").cast(pa.string())
+        action_idx = string_index(col("action"), actions or [])
         add(
             "action",
-            _bools(pc.or_kleene(action_names.is_null(), pc.equal(action_names, ""))),
+            (action_idx == NAME_NULL) | (action_idx == NAME_EMPTY),
             "no action (null or empty)",
         )
         if actions is not None:
@@ -371,23 +371,102 @@ def validate(
                 bad_val, bad_key = _map_rows(col(name), n, nested=True)
                 add(name, bad_val, "null, NaN or infinite candidate feature value")
                 add(name, bad_key, "candidate feature id is not a non-negative integer string")
+    return checks
 
-    problems = []
-    for column, mask, what in checks:
-        row, example = _example(table, column, mask)
-        problems.append(Problem(column, int(mask.sum()), what, row, example))
-    if problems and not drop_bad_rows:
-        raise DataError("\n".join(p.message(source) for p in problems))
 
-    report = ValidationReport(source, kind, rows_in=n, rows_out=n, dropped=problems)
-    if problems:
-        bad = np.logical_or.reduce([mask for _, mask, _ in checks])
-        table = table.filter(pa.array(~bad))
-        report.rows_out = table.num_rows
+class ShardValidation:
+    """Validation of a shard that arrives in batches (row groups), with the same checks,
+    counts and messages as validating the whole shard at once: `check` each batch in order
+    (it returns the batch, bad rows dropped if asked), then `finish` (raises on problems
+    unless dropping; raises on an empty shard). Example row numbers count from the shard's
+    first row. `validate` is this with one batch."""
+
+    def __init__(
+        self,
+        kind: Kind,
+        *,
+        actions: Sequence[str] | None = None,
+        source: str,
+        drop_bad_rows: bool = False,
+    ) -> None:
+        if kind not in ("dqn", "parametric_dqn"):
+            raise ValueError(f"kind must be 'dqn' or 'parametric_dqn', got {kind!r}")
+        self.kind: Kind = kind
+        self.actions = actions
+        self.source = source
+        self.drop_bad_rows = drop_bad_rows
+        self.rows_in = 0
+        self.rows_out = 0
+        # (column, what) → [bad rows, first bad row in the shard, its value]
+        self._found: dict[tuple[str, str], list[Any]] = {}
+
+    def check(self, table: pa.Table) -> pa.Table:
+        for alias, canon in ALIASES.items():
+            if alias in table.column_names and canon not in table.column_names:
+                table = table.rename_columns(
+                    [canon if c == alias else c for c in table.column_names]
+                )
+        n = table.num_rows
+        if n == 0:
+            return table
+        cols = _check_columns(table, self.kind, self.source)
+        checks = _row_checks(table, self.kind, cols, self.actions)
+        for column, mask, what in checks:
+            entry = self._found.get((column, what))
+            if entry is None:
+                row, example = _example(table, column, mask)
+                self._found[(column, what)] = [int(mask.sum()), row + self.rows_in, example]
+            else:
+                entry[0] += int(mask.sum())
+        self.rows_in += n
+        if checks and self.drop_bad_rows:
+            bad = np.logical_or.reduce([mask for _, mask, _ in checks])
+            table = table.filter(pa.array(~bad))
+        self.rows_out += table.num_rows
+        return table
+
+    @property
+    def failing(self) -> bool:
+        """Whether `finish` is going to raise for the rows checked so far."""
+        return bool(self._found) and not self.drop_bad_rows
+
+    def finish(self) -> ValidationReport:
+        source = self.source
+        if self.rows_in == 0:
+            raise DataError(
+                f"{source}: no rows (empty table, or an empty shard: more ranks than rows?)"
+            )
+        problems = [
+            Problem(column, count, what, row, example)
+            for (column, what), (count, row, example) in self._found.items()
+        ]
+        if problems and not self.drop_bad_rows:
+            raise DataError("\n".join(p.message(source) for p in problems))
+        report = ValidationReport(
+            source, self.kind, rows_in=self.rows_in, rows_out=self.rows_out, dropped=problems
+        )
         for p in problems:
             log.warning("dropping bad rows: %s", p.message(source))
-        if table.num_rows == 0:
+        if problems and self.rows_out == 0:
             raise DataError(
                 f"{source}: every row is bad; nothing left after dropping them\n{report}"
             )
-    return table, report
+        return report
+
+
+def validate(
+    table: pa.Table,
+    kind: Kind,
+    *,
+    actions: Sequence[str] | None = None,
+    source: str,
+    drop_bad_rows: bool = False,
+) -> tuple[pa.Table, ValidationReport]:
+    """Check `table` (one shard, read from `source`) for the `kind` workflow.
+
+    Returns the table (aliases renamed, bad rows dropped if asked) and a report. `actions`
+    (dqn) enables the action-name checks.
+    """
+    v = ShardValidation(kind, actions=actions, source=source, drop_bad_rows=drop_bad_rows)
+    table = v.check(table)
+    return table, v.finish()

@@ -17,16 +17,17 @@ import torch
 from torch import Tensor, nn
 
 from reagent_lite.data import tensorize as tz
+from reagent_lite.data.ingest import ingest_discrete
 from reagent_lite.distributed.context import DistContext
 from reagent_lite.models import build_q_network
 from reagent_lite.models.parametric import ParametricQNetwork
-from reagent_lite.normalization.module import Preprocessor
+from reagent_lite.normalization.module import Preprocessor, one_intraop_thread
 from reagent_lite.trainers.dqn import DQNTrainer
 from reagent_lite.trainers.parametric_dqn import ParametricDQNTrainer
 from reagent_lite.training.tensordict import TensorDict
 
 # Rows normalized at a time: bounds the temporary memory of the preprocessing pass.
-_NORM_CHUNK = 262_144
+_NORM_CHUNK = 65_536
 
 
 @dataclass
@@ -52,11 +53,45 @@ def _numeric_sorted(ids: set[str]) -> list[str]:
 
 
 def _agreed_ids(ctx: DistContext, table: pa.Table, column: str) -> list[str]:
-    local = set(tz.collect_feature_ids(table, column))
+    return _agree(ctx, set(tz.collect_feature_ids(table, column)))
+
+
+def _agree(ctx: DistContext, local: set[str]) -> list[str]:
     union: set[str] = set()
     for ids in ctx.all_gather_object(sorted(local)):
         union.update(ids)
     return _numeric_sorted(union)
+
+
+@dataclass
+class StreamedShard:
+    """A shard from the streaming ingest (`data/ingest.py`): feature matrices in agreed-id
+    order with NaN = absent (no presence matrices), other fields as tensors."""
+
+    features: dict[str, Tensor]  # e.g. "state", "next_state": float32 [N, F]
+    other: dict[str, Tensor]
+    rows_per_part: list[int]
+
+    def __len__(self) -> int:
+        return int(next(iter(self.features.values())).shape[0])
+
+
+def _sample_nan_rows(values: Tensor, n: int, seed: int) -> np.ndarray:
+    """`_sample_rows` for NaN-coded values: the same rows, without copying the shard."""
+    with one_intraop_thread():
+        return _sample_nan_rows_1(values, n, seed)
+
+
+def _sample_nan_rows_1(values: Tensor, n: int, seed: int) -> np.ndarray:
+    any_present = torch.empty(values.shape[0], dtype=torch.bool)
+    step = 1 << 16  # bounds the [rows, F] temporaries
+    for s in range(0, values.shape[0], step):
+        any_present[s : s + step] = ~torch.isnan(values[s : s + step]).all(dim=1)
+    keep = torch.nonzero(any_present).squeeze(1)
+    if keep.shape[0] > n:
+        gen = torch.Generator().manual_seed(seed)
+        keep = keep[torch.randperm(keep.shape[0], generator=gen)[:n]]
+    return values[keep].numpy().astype(np.float64)
 
 
 def _normalize(pre: Preprocessor, values: Tensor, presence: Tensor) -> Tensor:
@@ -65,7 +100,7 @@ def _normalize(pre: Preprocessor, values: Tensor, presence: Tensor) -> Tensor:
     flat_v = values.reshape(-1, values.shape[-1])
     flat_p = presence.reshape(-1, presence.shape[-1])
     out = torch.empty(flat_v.shape[0], pre.out_dim, dtype=torch.float32)
-    with torch.no_grad():
+    with torch.no_grad(), one_intraop_thread():
         for start in range(0, flat_v.shape[0], _NORM_CHUNK):
             stop = start + _NORM_CHUNK
             out[start:stop] = pre(flat_v[start:stop], flat_p[start:stop])
@@ -127,11 +162,39 @@ class DiscreteKind:
             use_seq_num_diff_as_time_diff=cfg.rl.use_seq_num_diff_as_time_diff,
         )
 
+    def load_shard(
+        self, ctx: DistContext, cfg: Any, path: str, parts: list[tuple[int, int]]
+    ) -> tuple[FeatureSpace, StreamedShard, dict[str, float]]:
+        """Streaming read + validate + tensorize of this rank's shard (`parts`: the (rank,
+        world) shards to lay end to end, normally one); the feature ids are agreed here."""
+        shard = ingest_discrete(
+            path,
+            parts,
+            list(cfg.actions),
+            use_seq_num_diff_as_time_diff=cfg.rl.use_seq_num_diff_as_time_diff,
+            drop_bad_rows=cfg.drop_bad_rows,
+        )
+        space = FeatureSpace(state_ids=_agree(ctx, shard.state_ids), actions=list(cfg.actions))
+        shard.reorder(space.state_ids)
+        features = {
+            "state": torch.from_numpy(shard.state),
+            "next_state": torch.from_numpy(shard.next_state),
+        }
+        other = {k: torch.from_numpy(v) for k, v in shard.fields.items()}
+        return space, StreamedShard(features, other, shard.rows_per_part), shard.timings
+
     def norm_samples(self, raw: Any, n: int, seed: int) -> dict[str, np.ndarray]:
+        if isinstance(raw, StreamedShard):
+            return {"state": _sample_nan_rows(raw.features["state"], n, seed)}
         return {"state": _sample_rows(raw.state, raw.state_presence, n, seed)}
 
     def training_tensors(self, raw: Any, pre: dict[str, Preprocessor]) -> TensorDict:
         state_pre = pre["state"]
+        if isinstance(raw, StreamedShard):
+            # Normalized in place: the raw values are not needed after this.
+            data = {k: state_pre.normalize_rows(v) for k, v in raw.features.items()}
+            raw.features = {}
+            return TensorDict({**data, **raw.other})
         return TensorDict(
             {
                 "state": _normalize(state_pre, raw.state, raw.state_presence),

@@ -14,12 +14,13 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pyarrow as pa
 import torch
 from torch import Tensor, nn
 from tqdm import tqdm
 
 from reagent_lite.data.readers import read_shard
-from reagent_lite.data.sampler import EpochSampler
+from reagent_lite.data.sampler import EpochSampler, UnionSampler
 from reagent_lite.data.validate import validate
 from reagent_lite.distributed.context import DistContext
 from reagent_lite.errors import ConfigError, TrainingError
@@ -31,7 +32,14 @@ from reagent_lite.normalization.params import NormalizationParameters, load_norm
 from reagent_lite.training import checkpoint as ckpt
 from reagent_lite.training.kinds import KINDS, FeatureSpace
 from reagent_lite.training.metrics import MetricsWriter
+from reagent_lite.training.steps import StepRunner, plain_lr
 from reagent_lite.training.tensordict import TensorDict
+from reagent_lite.training.verify import (
+    check_replicas,
+    emulated_world_size,
+    replica_digest,
+    verify_every,
+)
 
 log = logging.getLogger("reagent_lite")
 
@@ -41,6 +49,13 @@ def _float(t: Tensor | float) -> float:
 
 
 class Workflow:
+    # Set by load_training_data().
+    space: FeatureSpace
+    norm: dict[str, dict[str, NormalizationParameters]]
+    pre: dict[str, Preprocessor]
+    train_data: TensorDict
+    ingest_timings: dict[str, float]
+
     def __init__(self, kind_name: str, cfg: Any, ctx: DistContext, *, resume: bool = False):
         self.kind = KINDS[kind_name]
         self.cfg = cfg
@@ -53,21 +68,17 @@ class Workflow:
         self.global_step = 0
         self.best: dict[str, Any] = {"epoch": -1, "score": math.inf, "state": None}
         self.history: list[dict[str, Any]] = []
+        self._runner: StepRunner | None = None
+        # Debug switches (training/verify.py); read once so the hot loop only tests an int.
+        self.verify_every = verify_every()
+        self.replica_checks = 0
+        self.emulated_shards: list[int] | None = None
 
     # ------------------------------------------------------------------ setup
     def setup(self) -> None:
         cfg, ctx = self.cfg, self.ctx
         torch.manual_seed(cfg.seed)
-        table = self._read(cfg.training_data_path, ctx.rank, ctx.world_size)
-        self.space: FeatureSpace = self.kind.feature_space(ctx, table, cfg)
-        raw = self.kind.tensorize(table, self.space, cfg)
-        del table
-        self.norm = self._normalization(raw)
-        self.pre = {
-            name: Preprocessor(self._ids(name), params) for name, params in self.norm.items()
-        }
-        self.train_data = self.kind.training_tensors(raw, self.pre)
-        del raw
+        self.load_training_data()
         if cfg.device_resident_data:
             self.train_data = self.train_data.to(self.device)
         self.eval_data = self._eval_tensors() if ctx.is_rank_zero else None
@@ -101,8 +112,53 @@ class Workflow:
         if self.resume:
             self._restore()
 
+    def load_training_data(self, *, streaming: bool = True) -> None:
+        """Reads, validates, tensorizes and normalizes this rank's training shard on the CPU
+        into `space`, `norm`, `pre` and `train_data`; `ingest_timings` says where the time
+        went (seconds). `benchmarks/bench_ingest.py` measures this very method
+        (`streaming=False`: the whole-table path, kept for kinds without `load_shard`)."""
+        cfg, ctx = self.cfg, self.ctx
+        clock = time.perf_counter
+        t0 = clock()
+        timings: dict[str, float]
+        load = getattr(self.kind, "load_shard", None) if streaming else None
+        if load is not None:
+            # Streaming: row group by row group into preallocated arrays (data/ingest.py).
+            world = emulated_world_size(ctx.world_size)
+            parts = [(r, world) for r in range(world)] if world else [(ctx.rank, ctx.world_size)]
+            self.space, raw, timings = load(ctx, cfg, cfg.training_data_path, parts)
+            if world is not None:
+                self.emulated_shards = raw.rows_per_part
+        else:
+            table = self._read_training_shard()
+            t = clock()
+            self.space = self.kind.feature_space(ctx, table, cfg)
+            raw = self.kind.tensorize(table, self.space, cfg)
+            del table
+            timings = {"read+validate": t - t0, "tensorize": clock() - t}
+        t1 = clock()
+        self.norm = self._normalization(raw)
+        self.pre = {
+            name: Preprocessor(self._ids(name), params) for name, params in self.norm.items()
+        }
+        t2 = clock()
+        self.train_data = self.kind.training_tensors(raw, self.pre)
+        del raw
+        t3 = clock()
+        self.ingest_timings = {**timings, "fit": t2 - t1, "normalize": t3 - t2, "total": t3 - t0}
+
     def _ids(self, name: str) -> list[str]:
         return self.space.state_ids if name == "state" else self.space.action_ids
+
+    def _read_training_shard(self) -> Any:
+        """This rank's shard; when emulating W ranks, their W shards end to end in rank order."""
+        path, ctx = self.cfg.training_data_path, self.ctx
+        world = emulated_world_size(ctx.world_size)
+        if world is None:
+            return self._read(path, ctx.rank, ctx.world_size)
+        tables = [self._read(path, r, world) for r in range(world)]
+        self.emulated_shards = [t.num_rows for t in tables]
+        return pa.concat_tables(tables)
 
     def _read(self, path: str, rank: int, world: int) -> Any:
         table = read_shard(path, rank, world)
@@ -188,42 +244,70 @@ class Workflow:
     def _plan_steps(self) -> None:
         cfg, ctx = self.cfg, self.ctx
         micro, mps = cfg.training.minibatch_size, cfg.training.minibatches_per_step
-        sizes = ctx.all_gather_object(len(self.train_data))
+        sizes = self.emulated_shards or ctx.all_gather_object(len(self.train_data))
         self.steps_per_epoch = cfg.training.steps_per_epoch or max(
             1, math.ceil(max(sizes) / (micro * mps))
         )
-        self.sampler = EpochSampler(
-            len(self.train_data),
-            micro,
-            self.steps_per_epoch * mps,
-            cfg.seed,
-            ctx.rank,
-            device=self.device if cfg.device_resident_data else "cpu",
-        )
+        device = self.device if cfg.device_resident_data else "cpu"
+        self.sampler: EpochSampler
+        if self.emulated_shards is not None:
+            log.info("emulating world size %d in one process", len(sizes))
+            self.sampler = UnionSampler(sizes, micro, self.steps_per_epoch * mps, cfg.seed, device)
+        else:
+            self.sampler = EpochSampler(
+                len(self.train_data),
+                micro,
+                self.steps_per_epoch * mps,
+                cfg.seed,
+                ctx.rank,
+                device=device,
+            )
         if ctx.is_rank_zero:
             log.info(
                 "world size %d, shard rows %s, global batch %d (%d per process × %d micro-batches), "
                 "%d optimizer steps per epoch",
                 ctx.world_size,
                 sizes,
-                micro * mps * ctx.world_size,
+                micro * mps * len(sizes),
                 micro,
                 mps,
                 self.steps_per_epoch,
             )
 
     # ------------------------------------------------------------------ train
+    def step_runner(self) -> StepRunner:
+        """The object that runs this rank's optimizer steps (built once, after setup)."""
+        if self._runner is None:
+            cfg = self.cfg
+            self._runner = StepRunner(
+                trainer=self.trainer,
+                cpe=self.cpe,
+                q_net=self.q_net,
+                data=self.train_data,
+                sampler=self.sampler,
+                device=self.device,
+                steps_per_epoch=self.steps_per_epoch,
+                minibatches_per_step=cfg.training.minibatches_per_step,
+                # The sampler's batch: micro-batch size, or W of them when emulating W ranks.
+                minibatch_size=self.sampler.batch_size,
+                cuda_graphs=cfg.cuda_graphs,
+                resident=cfg.device_resident_data,
+                distributed_wrapper=self.q_net_ddp is not self.q_net,
+            )
+        return self._runner
+
     def train(self) -> None:
         cfg, ctx = self.cfg, self.ctx
-        mps = cfg.training.minibatches_per_step
+        runner = self.step_runner()
         for epoch in range(self.start_epoch, cfg.epochs):
             # Dropout and other randomness: a pure function of (seed, epoch, rank), so a
             # resumed run draws exactly what an uninterrupted one would.
             torch.manual_seed(cfg.seed * 1_000_003 + epoch * 7919 + ctx.rank)
             self.q_net_ddp.train()
-            loss_sum = torch.zeros((), device=self.device)
-            self.sampler.set_epoch(epoch)
-            indices = iter(self.sampler)
+            # Sets the epoch's index stream (and, the first time on CUDA, captures the step).
+            runner.begin_epoch(epoch)
+            if epoch == self.start_epoch and ctx.is_rank_zero:
+                log.info("%s", runner.describe())
             bar = tqdm(
                 total=self.steps_per_epoch,
                 desc=f"epoch {epoch + 1}/{cfg.epochs}",
@@ -233,23 +317,36 @@ class Workflow:
             )
             self._sync()
             start = time.perf_counter()
+            # The hot path: no host sync per step (the bar is host-only; logging every
+            # `log_every_steps` reads the loss, which is the one sync).
             for step in range(self.steps_per_epoch):
-                batches = [self.train_data.index(next(indices)) for _ in range(mps)]
-                if not cfg.device_resident_data:
-                    batches = [b.to(self.device, non_blocking=True) for b in batches]
-                record = self.trainer.train_step(batches)
-                loss_sum += record.total
-                if self.cpe is not None:
-                    self.cpe.train_step(batches[0], self.q_net)
+                runner.step()
                 self.global_step += 1
+                if self.verify_every and self.global_step % self.verify_every == 0:
+                    self._check_replicas()
                 bar.update(1)
                 if cfg.log_every_steps and (step + 1) % cfg.log_every_steps == 0:
-                    self._log_step(epoch, loss_sum / (step + 1))
+                    self._log_step(epoch, runner.loss_sum / (step + 1))
             bar.close()
             self._sync()
             elapsed = time.perf_counter() - start
-            self._end_epoch(epoch, loss_sum, elapsed)
+            self._end_epoch(epoch, runner.loss_sum, elapsed)
+        if self.verify_every:
+            self._check_replicas()
+            if ctx.is_rank_zero:
+                log.info(
+                    "replica check: all %d ranks held identical parameters at %d checks "
+                    "(every %d steps, last after step %d)",
+                    ctx.world_size,
+                    self.replica_checks,
+                    self.verify_every,
+                    self.global_step,
+                )
         ctx.barrier()
+
+    def _check_replicas(self) -> None:
+        check_replicas(self.ctx, self.global_step, replica_digest(self.q_net, self.trainer.target))
+        self.replica_checks += 1
 
     def _sync(self) -> None:
         if self.device.type == "cuda":
@@ -285,7 +382,7 @@ class Workflow:
             "steps": self.global_step,
             "loss": loss,
             "transitions_per_s": _float(stats[1]) / max(slowest, 1e-9),
-            "learning_rate": self.trainer.optimizer.param_groups[0]["lr"],
+            "learning_rate": _float(self.trainer.optimizer.param_groups[0]["lr"]),
             "world_size": ctx.world_size,
         }
         if ctx.is_rank_zero:
@@ -337,7 +434,10 @@ class Workflow:
         if criterion == "td_error" and "eval_td_loss" in record:
             score = record["eval_td_loss"]
         elif criterion == "cpe" and "cpe" in record:
-            score = -record["cpe"]["doubly_robust"]["normalized"]
+            # Raw, not normalized: dividing by a negative logged value would flip the
+            # order, and a zero one gives None. None (no estimate) never wins.
+            dr = record["cpe"]["doubly_robust"]["raw"]
+            score = -dr if dr is not None else math.inf
         else:
             score = -float(epoch)  # "last", or no eval data: the newest model wins
         if score <= self.best["score"] or not math.isfinite(self.best["score"]):
@@ -353,7 +453,11 @@ class Workflow:
             "epoch": epoch,
             "global_step": self.global_step,
             "q_net": self.q_net.state_dict(),
-            "trainer": self.trainer.state_dict(),
+            # Learning rates as floats even where a CUDA graph reads them from a tensor.
+            "trainer": {
+                **(trainer := self.trainer.state_dict()),
+                "optimizer": plain_lr(trainer["optimizer"]),
+            },
             "cpe": self.cpe.state_dict() if self.cpe is not None else None,
             # The sampler's index stream is a pure function of (seed, rank, epoch): resuming
             # at the next epoch boundary needs nothing more than the epoch number.
@@ -363,7 +467,12 @@ class Workflow:
         }
 
     def _restore(self) -> None:
-        path = ckpt.latest_checkpoint(self.output_dir)
+        # Rank 0 chooses and every rank loads that file: on NFS another node's cached
+        # directory listing may not show the newest checkpoint yet, and replicas resumed
+        # from different epochs would silently diverge (DDP only syncs at construction).
+        path = self.ctx.broadcast_object(
+            ckpt.latest_checkpoint(self.output_dir) if self.ctx.is_rank_zero else None
+        )
         if path is None:
             if self.ctx.is_rank_zero:
                 log.warning(

@@ -199,3 +199,40 @@ def test_runs_on_gpu() -> None:
     cpu = m(values, presence)
     gpu = m.to("cuda")(values.cuda(), presence.cuda())
     torch.testing.assert_close(gpu.cpu(), cpu, rtol=1e-5, atol=1e-5)
+
+
+def _forward_ref(m: Preprocessor, x: torch.Tensor) -> torch.Tensor:
+    present = ~torch.isnan(x)
+    return m(torch.nan_to_num(x), present.to(torch.float32))
+
+
+def test_normalize_rows_mixed_types_equals_forward() -> None:
+    ids, params, x = _fitted()
+    m = Preprocessor(ids, params)
+    values = torch.tensor(x, dtype=torch.float32)
+    want = _forward_ref(m, values)
+    got = m.normalize_rows(values.clone(), chunk_rows=333)  # ENUM widens: a new tensor
+    assert got.shape == (len(x), m.out_dim)
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-6)
+
+
+@pytest.mark.parametrize("extra", [None, FeatureType.DO_NOT_PREPROCESS])
+def test_normalize_rows_affine_in_place_is_exact(extra: FeatureType | None) -> None:
+    rng = np.random.default_rng(1)
+    x = rng.normal(5, 3, (5000, 4)).astype(np.float32)
+    x[rng.random(x.shape) < 0.25] = np.nan
+    x[0, 0], x[1, 1] = 1e9, -1e9  # clamped
+    params = {
+        str(i): NormalizationParameters(feature_type=FeatureType.CONTINUOUS, mean=i, stddev=0.3)
+        for i in range(4)
+    }
+    if extra is not None:
+        params["3"] = NormalizationParameters(feature_type=extra)
+    m = Preprocessor([str(i) for i in range(4)], params)
+    values = torch.from_numpy(x.copy())
+    want = _forward_ref(m, values)
+    threads = torch.get_num_threads()
+    got = m.normalize_rows(values, chunk_rows=1000)
+    assert got.data_ptr() == values.data_ptr()  # in place
+    assert torch.equal(got, want)
+    assert torch.get_num_threads() == threads  # restored

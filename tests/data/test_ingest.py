@@ -1,0 +1,200 @@
+"""Streaming ingest (`data/ingest.py`) equals reading, validating and tensorizing whole."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from reagent_lite.data.ingest import ingest_discrete, shard_batches
+from reagent_lite.data.readers import read_shard
+from reagent_lite.data.tensorize import tensorize_discrete
+from reagent_lite.data.validate import ShardValidation, validate
+from reagent_lite.errors import DataError
+from tests.data.test_validate import ACTIONS, DQN_SCHEMA
+
+INT_MDP_SCHEMA = DQN_SCHEMA.set(0, pa.field("mdp_id", pa.int64()))
+
+
+def rows(n: int, seed: int = 0, *, late_feature_at: int | None = None) -> list[dict[str, Any]]:
+    """n dqn rows: features 0..3 with holes; "7" only in next_state; "11" appears in state
+    from row `late_feature_at` on (to be found in a later row group)."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for i in range(n):
+        last = i % 5 == 4
+        state = {str(f): float(rng.normal()) for f in range(4) if rng.random() > 0.3}
+        if late_feature_at is not None and i >= late_feature_at:
+            state["11"] = float(i)
+        nxt = {str(f): float(rng.normal()) for f in (0, 2, 7) if rng.random() > 0.3}
+        out.append(
+            {
+                "mdp_id": i // 5,
+                "sequence_number": i % 5,
+                "state_features": state,
+                "action": ACTIONS[int(rng.integers(2))],
+                "reward": float(rng.normal()),
+                "next_state_features": {} if last else nxt,
+                "next_action": "" if last else ACTIONS[int(rng.integers(2))],
+                "possible_actions": ["left", "right"] if i % 3 else ["right"],
+                "possible_next_actions": [] if last else ["left", "right"],
+                "action_probability": 0.5,
+                "time_diff": int(1 + i % 2),
+            }
+        )
+    return out
+
+
+def write(path: Path, data: list[dict[str, Any]], row_group: int) -> Path:
+    pq.write_table(
+        pa.Table.from_pylist(data, schema=INT_MDP_SCHEMA), path, row_group_size=row_group
+    )
+    return path
+
+
+def whole(path: Path, rank: int, world: int, ids: list[str], **kw: Any) -> Any:
+    table, report = validate(
+        read_shard(path, rank, world), "dqn", actions=ACTIONS, source="x", **kw
+    )
+    return tensorize_discrete(table, ids, ACTIONS, use_seq_num_diff_as_time_diff=True), report
+
+
+def assert_same(path: Path, rank: int, world: int, **kw: Any) -> None:
+    shard = ingest_discrete(
+        path, [(rank, world)], ACTIONS, use_seq_num_diff_as_time_diff=True, slice_rows=7, **kw
+    )
+    ids = sorted(shard.state_ids, key=int)
+    shard.reorder(ids)
+    kw.pop("prefetch", None)
+    raw, report = whole(path, rank, world, ids, **kw)
+    for name in ("state", "next_state"):
+        values = getattr(raw, name).numpy()
+        presence = getattr(raw, f"{name}_presence").numpy()
+        expected = np.where(presence > 0, values, np.nan)
+        np.testing.assert_array_equal(getattr(shard, name), expected)
+    for name, arr in shard.fields.items():
+        np.testing.assert_array_equal(arr, getattr(raw, name).numpy(), err_msg=name)
+    assert shard.report.rows_out == report.rows_out and shard.report.rows_in == report.rows_in
+
+
+@pytest.mark.parametrize("world", [1, 2, 3])
+@pytest.mark.parametrize("row_group", [10, 1000])
+@pytest.mark.parametrize("prefetch", [False, True])
+def test_ingest_equals_whole_table_path(
+    tmp_path: Path, world: int, row_group: int, prefetch: bool
+) -> None:
+    path = write(tmp_path / "t.parquet", rows(95, late_feature_at=60), row_group)
+    for rank in range(world):
+        assert_same(path, rank, world, prefetch=prefetch)
+
+
+def test_ingest_of_part_files_and_late_features(tmp_path: Path) -> None:
+    d = tmp_path / "parts"
+    d.mkdir()
+    for k in range(3):
+        write(d / f"part-{k:05d}.parquet", rows(40, seed=k, late_feature_at=30 if k else None), 16)
+    assert_same(d, 0, 1)
+    assert_same(d, 1, 2)
+    shard = ingest_discrete(d, [(0, 1)], ACTIONS)
+    assert "11" in shard.state_ids and "7" not in shard.state_ids
+    assert "7" in shard.columns.ids  # next_state-only ids are kept until reorder drops them
+
+
+def test_batches_concatenate_to_the_shard(tmp_path: Path) -> None:
+    path = write(tmp_path / "t.parquet", rows(50), 8)
+    for world in (1, 2, 4):
+        for rank in range(world):
+            n, batches = shard_batches(path, rank, world)
+            got = pa.concat_tables([b.cast(b.schema) for b in batches])
+            want = read_shard(path, rank, world)
+            assert n == want.num_rows == got.num_rows
+            assert got.to_pylist() == want.to_pylist()
+
+
+def test_jsonl_shard(tmp_path: Path) -> None:
+    import json
+
+    path = tmp_path / "t.jsonl"
+    with open(path, "w") as fh:
+        for r in rows(30):
+            fh.write(json.dumps(r) + "\n")
+    assert_same(path, 0, 1)
+    assert_same(path, 1, 2)
+
+
+def test_validation_in_batches_matches_whole(tmp_path: Path) -> None:
+    data = rows(60)
+    for i in (3, 25, 41):
+        data[i]["reward"] = float("nan")
+    data[33]["action"] = "jump"
+    data[50]["state_features"] = {"x": 1.0}
+    path = write(tmp_path / "t.parquet", data, 10)
+    with pytest.raises(DataError) as whole_err:
+        validate(read_shard(path, 0, 1), "dqn", actions=ACTIONS, source=str(path))
+    with pytest.raises(DataError) as stream_err:
+        ingest_discrete(path, [(0, 1)], ACTIONS)
+    assert sorted(str(stream_err.value).splitlines()) == sorted(str(whole_err.value).splitlines())
+    assert "3 bad rows" in str(stream_err.value) and "row 3:" in str(stream_err.value)
+    # Dropping: the same rows go, the same report.
+    assert_same(path, 0, 1, drop_bad_rows=True)
+
+
+def test_empty_shard_and_all_bad(tmp_path: Path) -> None:
+    path = write(tmp_path / "t.parquet", rows(2), 10)
+    with pytest.raises(DataError, match="no rows"):
+        ingest_discrete(path, [(0, 3)], ACTIONS)  # rows [0, 0) of 2
+    v = ShardValidation("dqn", actions=ACTIONS, source="s", drop_bad_rows=True)
+    bad = read_shard(path, 0, 1).set_column(4, "reward", pa.array([float("nan")] * 2))
+    assert v.check(bad).num_rows == 0
+    with pytest.raises(DataError, match="every row is bad"):
+        v.finish()
+
+
+def test_dense_list_features(tmp_path: Path) -> None:
+    data = rows(30)
+    for i, r in enumerate(data):
+        r["state"] = [float(i), -float(i), 0.5]
+        r["next_state"] = [1.0, 2.0, float(i)]
+        r["mdp_id"] = f"ep{(i * 7) % 6}"  # string ids, not in order of appearance
+        del r["state_features"], r["next_state_features"]
+    path = tmp_path / "dense.parquet"
+    pq.write_table(pa.Table.from_pylist(data), path, row_group_size=8)
+    assert_same(path, 0, 1)
+    assert ingest_discrete(path, [(0, 1)], ACTIONS).state_ids == {"0", "1", "2"}
+
+
+def test_big_slices_scatter_in_two_threads(tmp_path: Path) -> None:
+    path = write(tmp_path / "big.parquet", rows(40_000, late_feature_at=39_000), 20_000)
+    shard = ingest_discrete(path, [(0, 1)], ACTIONS, use_seq_num_diff_as_time_diff=True)
+    ids = sorted(shard.state_ids, key=int)
+    shard.reorder(ids)
+    raw, _ = whole(path, 0, 1, ids)
+    for name in ("state", "next_state"):
+        presence = getattr(raw, f"{name}_presence").numpy()
+        expected = np.where(presence > 0, getattr(raw, name).numpy(), np.nan)
+        np.testing.assert_array_equal(getattr(shard, name), expected)
+
+
+@pytest.mark.parametrize("size", [3, 300])  # Python lookup of small dictionaries, kernels else
+def test_dictionary_lookups_equal_plain_strings(size: int) -> None:
+    from reagent_lite.data.tensorize import _key_columns, string_index
+    from reagent_lite.data.validate import _bad_key_entries
+
+    rng = np.random.default_rng(0)
+    words = [str(i) for i in range(size - 2)] + ["", "x1"]
+    plain = pa.array([words[i] for i in rng.integers(0, size, 2000)] + [None])
+    encoded = plain.dictionary_encode()
+    names = ["1", "0", "", "7"][: 2 if size == 3 else 4]
+    np.testing.assert_array_equal(string_index(encoded, names), string_index(plain, names))
+    ids = ["2", "0", "x1"]
+    valid = plain.drop_null()
+    np.testing.assert_array_equal(
+        _key_columns(valid.dictionary_encode(), ids), _key_columns(valid, ids)
+    )
+    np.testing.assert_array_equal(
+        _bad_key_entries(valid.dictionary_encode()), _bad_key_entries(valid)
+    )
