@@ -50,3 +50,42 @@ def test_loss_overflow_stops_and_keeps_last_good_checkpoint(tmp_path: Path) -> N
     state = load_checkpoint(checkpoint)
     assert state["epoch"] == 0
     assert all(torch.isfinite(v).all() for v in state["q_net"].values())
+
+
+def test_warm_start_from_previous_run_and_mismatch_is_a_config_error(tmp_path: Path) -> None:
+    first_cfg = make_config(
+        tmp_path / "a", "dqn", epochs=1, evaluation={"calc_cpe_in_training": False}
+    )
+    assert (
+        run_module("workflows.dqn_workflow", "--config", str(first_cfg), timeout=240).returncode
+        == 0
+    )
+    previous = tmp_path / "a" / "out"
+
+    warm = make_config(
+        tmp_path / "b",
+        "dqn",
+        epochs=1,
+        evaluation={"calc_cpe_in_training": False},
+        training={"warm_start_model_path": str(previous)},
+    )
+    result = run_module("workflows.dqn_workflow", "--config", str(warm), timeout=240)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "warm-started the Q-network" in result.stderr
+
+    wider = make_config(
+        tmp_path / "c",
+        "dqn",
+        epochs=1,
+        evaluation={"calc_cpe_in_training": False},
+        training={
+            "layers": [-1, 48, -1],
+            "activations": ["relu", "linear"],
+            "warm_start_model_path": str(previous),
+        },
+    )
+    result = run_module("workflows.dqn_workflow", "--config", str(wider), timeout=240)
+    assert result.returncode == 2, result.stderr[-3000:]
+    assert "training.warm_start_model_path" in result.stderr
+    assert "Traceback" not in result.stderr
+    assert not (tmp_path / "c" / "out" / "model.pt2").exists()
