@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 import os
 import sys
@@ -85,6 +86,10 @@ def run_training(kind: str, cfg: Any, args: Any) -> None:
         print(
             f"model: {out / 'model.pt2'}\nmetadata: {out / 'model_meta.json'}\nmetrics: {out / 'metrics.jsonl'}"
         )
+        if importlib.util.find_spec("matplotlib") is not None:
+            from reagent_lite.report import draw_report
+
+            print(f"report: {draw_report(out)}")
 
 
 def run_worker(ctx: DistContext, kind: str, cfg: Any, resume: bool) -> None:

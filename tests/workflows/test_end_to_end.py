@@ -111,6 +111,8 @@ def test_workflow_trains_exports_and_predicts(tmp_path: Path, kind: str) -> None
     assert result.returncode == 0, result.stderr[-3000:]
     out = tmp_path / "out"
     check_run_outputs(out, kind)
+    assert f"report: {out / 'report.png'}" in result.stdout
+    assert (out / "report.png").read_bytes()[:4] == b"\x89PNG"
     scored_path = tmp_path / "scores.parquet"
     result = run_module(
         "reagent_lite.predict",
