@@ -24,6 +24,7 @@ import torch
 from reagent_lite.data.readers import read_table
 from reagent_lite.data.tensorize import candidates_to_dense, max_candidates_in, sparse_to_dense
 from reagent_lite.errors import ConfigError, DataError, ReagentLiteError
+from reagent_lite.io_utils import atomic_write
 
 _STATE_COLUMNS = ("state_features", "state")
 
@@ -115,8 +116,7 @@ def main(argv: list[str] | None = None) -> None:
     try:
         predictor = Predictor(args.model)
         scored = predictor.score(read_table(args.data), batch_size=args.batch_size)
-        Path(args.output).parent.mkdir(parents=True, exist_ok=True)
-        pq.write_table(scored, args.output)
+        atomic_write(Path(args.output), lambda tmp: pq.write_table(scored, tmp))
     except ReagentLiteError as err:
         print(f"error: {err}", file=sys.stderr)
         sys.exit(err.exit_code)

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from reagent_lite.io_utils import atomic_write
 from reagent_lite.training.metrics import read_metrics
 
 _ESTIMATORS = (
@@ -61,7 +62,9 @@ def draw_report(run_dir: Path, output: Path | None = None) -> Path:
     ax_cpe.legend(fontsize=7)
     fig.tight_layout()
     path = output or run_dir / "report.png"
-    fig.savefig(path, dpi=100)
+    # Atomic like every other output; the format follows the name, not the temp file's.
+    fmt = path.suffix[1:] or "png"
+    atomic_write(path, lambda tmp: fig.savefig(tmp, dpi=100, format=fmt))
     plt.close(fig)
     return path
 

@@ -37,7 +37,7 @@ def _main(kind: WorkflowKind, argv: list[str] | None) -> None:
     cfg = cfg.resolved()
     if args.dry_run:
         print(describe_dry_run(kind, cfg, args))
-        _require_data(cfg)
+        _require_data(kind, cfg)
         return
     from reagent_lite.training.entry import run_training
 
@@ -101,12 +101,21 @@ def _data_lines(path: str, world_size: int, cfg: BaseWorkflowConfig) -> list[str
     return [f"{path}: {world_size} shard(s)", *str("\n".join(map(str, shards))).splitlines()]
 
 
-def _require_data(cfg: BaseWorkflowConfig) -> None:
+def _require_data(kind: WorkflowKind, cfg: BaseWorkflowConfig) -> None:
     if not Path(cfg.training_data_path).exists() and cfg.sample_data is None:
         raise DataError(
             f"training_data_path: {cfg.training_data_path} does not exist and the config has "
             "no sample_data block to generate it"
         )
+    from reagent_lite.data.readers import empty_like
+    from reagent_lite.data.validate import check_columns
+
+    # The data's columns (and Parquet's types) without reading rows: a table that training
+    # would reject fails the dry run too.
+    for path in (cfg.training_data_path, cfg.eval_data_path):
+        if path is not None and Path(path).exists():
+            table, typed = empty_like(path)
+            check_columns(table, kind, path, types=typed)
 
 
 def _exists(path: str, cfg: BaseWorkflowConfig) -> str:

@@ -133,9 +133,62 @@ def config_from_dict(data: Any, cls: type[T], source: str = "<config>") -> T:
     _check_workflow_kind(data, cls, source)
     data = migrate_horizon(data, source)
     try:
-        return cls.model_validate(data)
+        cfg = cls.model_validate(data)
     except ValidationError as exc:
         raise ConfigError(format_validation_error(exc, source, cls)) from None
+    for where, why in settings_without_effect(cfg):
+        logger.warning("%s: %s has no effect: %s", source, where, why)
+    return cfg
+
+
+def settings_without_effect(cfg: BaseWorkflowConfig) -> list[tuple[str, str]]:
+    """(JSON path, why) for each setting that is valid but changes nothing in this config,
+    so that a user who set it is told rather than silently ignored."""
+    out: list[tuple[str, str]] = []
+    if cfg.rl.softmax_policy:
+        out.append(
+            (
+                "rl.softmax_policy",
+                "CPE always evaluates the softmax of Q / rl.temperature and model.pt2 returns "
+                "Q values (the serving side picks the policy)",
+            )
+        )
+    if cfg.rl.epsilon > 0.0:
+        out.append(
+            (
+                "rl.epsilon",
+                "CPE evaluates the softmax of Q / rl.temperature without ε exploration, and "
+                "the online check is greedy",
+            )
+        )
+    evaluation = cfg.evaluation
+    if evaluation.model_selection != "last":
+        if cfg.eval_data_path is None:
+            out.append(
+                (
+                    "evaluation.model_selection",
+                    f"{evaluation.model_selection!r} needs eval_data_path; the last epoch's "
+                    "model is exported",
+                )
+            )
+        elif evaluation.model_selection == "cpe" and not evaluation.calc_cpe_in_training:
+            out.append(
+                (
+                    "evaluation.model_selection",
+                    "'cpe' needs evaluation.calc_cpe_in_training; the last epoch's model is "
+                    "exported",
+                )
+            )
+    sample = cfg.sample_data
+    if evaluation.online_episodes > 0 and sample is not None and sample.kind != "gym":
+        out.append(
+            (
+                "evaluation.online_episodes",
+                f"only gym sample data has an environment to roll out in (sample_data.kind is "
+                f"{sample.kind!r})",
+            )
+        )
+    return out
 
 
 def migrate_horizon(data: dict[str, Any], source: str = "<config>") -> dict[str, Any]:

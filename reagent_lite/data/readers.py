@@ -418,6 +418,26 @@ def read_shard(
     return _concat([read_piece(p, columns) for p in spec.pieces], str(path))
 
 
+def empty_like(path: str | Path) -> tuple[pa.Table, bool]:
+    """A zero-row table with the columns of the first data file at `path`, without reading
+    its rows (for `--dry_run`), and whether its column types are known: Parquet files carry
+    a schema; for JSON Lines only the first record's keys are read (types come from rows)."""
+    first = list_data_files(path)[0]
+    if file_format(first) == "parquet":
+        table = _empty(_parquet_file(first), None)
+        return _apply_aliases(table, first), True
+    try:
+        with _open_text(first) as fh:
+            line = next((ln for ln in fh if ln.strip()), "{}")
+        record = json.loads(line)
+    except (OSError, EOFError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise DataError(f"{first}: cannot read the first record ({e})") from e
+    if not isinstance(record, dict):
+        raise DataError(f"{first}: line 1 is not a JSON object")
+    table = pa.table({name: pa.nulls(0) for name in record})
+    return _apply_aliases(table, first), False
+
+
 def read_table(path: str | Path, columns: Sequence[str] | None = None) -> pa.Table:
     """The whole table (for small eval sets and tests; training reads shards)."""
     return read_shard(path, 0, 1, columns)

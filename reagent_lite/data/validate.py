@@ -274,8 +274,11 @@ def _example(table: pa.Table, column: str, mask: np.ndarray) -> tuple[int, str]:
     return row, text if len(text) <= 80 else text[:77] + "..."
 
 
-def _check_columns(table: pa.Table, kind: Kind, source: str) -> dict[str, str]:
-    """Canonical name → column used; raises on missing or mistyped columns."""
+def check_columns(
+    table: pa.Table, kind: Kind, source: str, *, types: bool = True
+) -> dict[str, str]:
+    """Canonical name → column used; raises on missing or (with `types`) mistyped columns.
+    Needs no rows: `--dry_run` runs it on an empty table of the data's schema."""
     names = set(table.column_names)
     missing, chosen = [], {}
     for req in REQUIRED:
@@ -291,6 +294,8 @@ def _check_columns(table: pa.Table, kind: Kind, source: str) -> dict[str, str]:
             f" (columns present: {sorted(names)})"
         )
     chosen.update({c: c for c in OPTIONAL if c in names})
+    if not types:
+        return chosen
     expected = {**_EXPECTED, **(_DQN if kind == "dqn" else _PARAM)}
     wrong = []
     for col in chosen.values():
@@ -409,7 +414,7 @@ class ShardValidation:
         n = table.num_rows
         if n == 0:
             return table
-        cols = _check_columns(table, self.kind, self.source)
+        cols = check_columns(table, self.kind, self.source)
         checks = _row_checks(table, self.kind, cols, self.actions)
         for column, mask, what in checks:
             entry = self._found.get((column, what))

@@ -36,7 +36,9 @@ def make_plan(cfg: Any, node_index: int, run_id: str | None) -> LaunchPlan:
         num_nodes=cfg.num_nodes,
         node_index=node_index,
         use_gpu=cfg.use_gpu,
-        use_all_avail_gpus=cfg.use_all_avail_gpus,
+        # dp: one process drives every visible GPU through DataParallel (Workflow._wrap);
+        # one process per GPU would leave G unsynchronised replicas.
+        use_all_avail_gpus=cfg.use_all_avail_gpus and cfg.data_parallel == "ddp",
         init_method=cfg.init_method,
         run_id=run_id,
         env=os.environ,

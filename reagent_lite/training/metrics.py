@@ -8,6 +8,8 @@ import math
 from pathlib import Path
 from typing import Any
 
+from reagent_lite.io_utils import atomic_write_text
+
 log = logging.getLogger(__name__)
 
 
@@ -45,6 +47,14 @@ class MetricsWriter:
             for key, value in _flatten(record):
                 if isinstance(value, int | float) and key not in ("steps", "epoch"):
                     self._tb.add_scalar(key, value, step)
+
+    def drop_after(self, epoch: int) -> None:
+        """Forgets records of epochs after `epoch` (written before a crash, not in the
+        checkpoint a resumed run continues from): they are about to be written again."""
+        if not self.path.is_file():
+            return
+        keep = [r for r in read_metrics(self.path) if int(r.get("epoch", -1)) <= epoch]
+        atomic_write_text(self.path, "".join(json.dumps(r, sort_keys=True) + "\n" for r in keep))
 
     def close(self) -> None:
         if self._tb is not None:

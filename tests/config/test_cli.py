@@ -199,3 +199,40 @@ def test_run_cli_maps_errors_to_exit_codes(capsys: pytest.CaptureFixture[str]) -
         run_cli(interrupted)
     assert info.value.code == 130
     run_cli(lambda: None)  # success returns normally
+
+
+@pytest.mark.parametrize("fmt", ["parquet", "jsonl"])
+def test_dry_run_checks_the_data_columns(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], fmt: str
+) -> None:
+    from reagent_lite import runner
+    from tests.data.test_ingest import ACTIONS, rows, write
+
+    good = write(tmp_path / "good.parquet", rows(20), 10)
+    data = [{k: v for k, v in r.items() if k != "reward"} for r in rows(20)]
+    bad = tmp_path / f"bad.{fmt}"
+    if fmt == "parquet":
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        pq.write_table(pa.Table.from_pylist(data), bad)
+    else:
+        bad.write_text("".join(json.dumps(r) + "\n" for r in data))
+    cfg = dqn(
+        training_data_path=str(good),
+        eval_data_path=str(bad),
+        model_output_path=str(tmp_path / "out"),
+        actions=ACTIONS,
+        use_gpu=False,
+    )
+    path = tmp_path / "c.json"
+    path.write_text(json.dumps(cfg))
+    with pytest.raises(SystemExit) as info:
+        runner.main("dqn", ["--config", str(path), "--dry_run"])
+    assert info.value.code == DataError.exit_code
+    err = capsys.readouterr().err
+    assert f"{bad}: missing required column(s) 'reward'" in err
+
+    path.write_text(json.dumps({**cfg, "eval_data_path": str(good)}))
+    runner.main("dqn", ["--config", str(path), "--dry_run"])  # returns: exit 0
+    assert "shard" in capsys.readouterr().out

@@ -91,6 +91,54 @@ def test_horizon_config_loads_and_warns(caplog: pytest.LogCaptureFixture) -> Non
     assert all(r.name == "reagent_lite.config" for r in caplog.records)
 
 
+@pytest.mark.parametrize(
+    ("cls", "extra", "key"),
+    [
+        (DQNWorkflowConfig, {"rl": {"softmax_policy": True}}, "rl.softmax_policy"),
+        (DQNWorkflowConfig, {"rl": {"epsilon": 0.2}}, "rl.epsilon"),
+        (DQNWorkflowConfig, {"evaluation": {"model_selection": "cpe"}}, "model_selection"),
+        (
+            DQNWorkflowConfig,
+            {
+                "eval_data_path": "e.parquet",
+                "evaluation": {"model_selection": "cpe", "calc_cpe_in_training": False},
+            },
+            "model_selection",
+        ),
+        (
+            ParametricDQNWorkflowConfig,
+            {
+                "sample_data": {"kind": "synthetic_parametric"},
+                "evaluation": {"online_episodes": 5},
+            },
+            "online_episodes",
+        ),
+    ],
+)
+def test_settings_without_effect_warn(
+    write_config: Writer,
+    caplog: pytest.LogCaptureFixture,
+    cls: type,
+    extra: dict[str, Any],
+    key: str,
+) -> None:
+    base = minimal_dqn() if cls is DQNWorkflowConfig else minimal_parametric()
+    with caplog.at_level(logging.WARNING, logger="reagent_lite.config"):
+        load_config(write_config({**base, **extra}), cls)
+    warned = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert any(key in m and "has no effect" in m for m in warned), warned
+
+
+def test_defaults_warn_about_nothing(
+    write_config: Writer, caplog: pytest.LogCaptureFixture
+) -> None:
+    data = {**minimal_dqn(), "eval_data_path": "e.parquet"}
+    data["evaluation"] = {"model_selection": "cpe"}
+    with caplog.at_level(logging.WARNING, logger="reagent_lite.config"):
+        load_config(write_config(data), DQNWorkflowConfig)
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
+
+
 def test_in_training_cpe_object_turns_cpe_on(
     write_config: Writer, caplog: pytest.LogCaptureFixture
 ) -> None:
