@@ -11,6 +11,7 @@ same code serves discrete actions and parametric candidates. No I/O, no ranks.
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -73,6 +74,9 @@ class CpeModelTrainer:
         self.tau = target_update_rate
         self.use_time_diff = use_time_diff
         self.optimizer = torch.optim.Adam(nets.parameters(), lr=learning_rate)
+        # As `QLearningTrainer.grad_sync`: averages gradients over ranks between backward
+        # and step when no DDP wrapper does it.
+        self.grad_sync: Callable[[], None] | None = None
 
     def _raw(self) -> CpeNets:
         raw = getattr(self.nets, "module", self.nets)
@@ -99,6 +103,8 @@ class CpeModelTrainer:
         loss = reward_loss + value_loss
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
+        if self.grad_sync is not None:
+            self.grad_sync()
         self.optimizer.step()
         with torch.no_grad():
             params: list[Tensor] = list(self._raw().value_net.parameters())

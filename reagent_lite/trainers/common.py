@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Generic, Protocol, TypeVar
 
@@ -228,6 +228,9 @@ class QLearningTrainer(Generic[BatchT]):
         self.target.eval()
         self.optimizer = build_optimizer(self.online.parameters(), hparams)
         self.scheduler = torch.optim.lr_scheduler.ExponentialLR(self.optimizer, hparams.lr_decay)
+        # Set by a caller that averages gradients over ranks itself (a CUDA graph has no DDP
+        # hooks): runs once the step's gradients are accumulated, before clipping.
+        self.grad_sync: Callable[[], None] | None = None
 
     # -- the per-workflow part --------------------------------------------------------------
     def _q_logged(self, batch: BatchT) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -293,6 +296,8 @@ class QLearningTrainer(Generic[BatchT]):
                 record = self.compute_loss(batch)
                 (record.total / n if n > 1 else record.total).backward()
             records.append(record.detach())
+        if self.grad_sync is not None:
+            self.grad_sync()
         if self.hp.clip_grad_norm is not None:
             torch.nn.utils.clip_grad_norm_(self.online.parameters(), self.hp.clip_grad_norm)
         self.optimizer.step()

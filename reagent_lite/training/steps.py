@@ -8,6 +8,21 @@ forwards, backward, fused Adam, soft target update, CPE step — is captured onc
 replayed, so a step costs one launch instead of a few hundred; if capture is impossible or
 fails the runner says why and stays eager.
 
+Several processes (DDP over NCCL): the DDP wrapper cannot live inside a graph (its reducer
+works on the host), so the captured step goes around it — forwards through the plain
+modules — and averages the gradients itself: one flat buffer per optimizer, divided by the
+world size and all-reduced by NCCL inside the graph, between backward and the optimizer
+step (`GradAllReduce`, hooked in as the trainers' `grad_sync`). The wrapper stays for what
+it did at construction (rank 0's parameters broadcast, so replicas start identical) and
+for the eager fallback, which every rank takes if capture fails on any rank. DDP keeps
+the parameters' AccumulateGrad nodes alive, and autograd accumulates on the stream a node
+was made on: made on the default stream, the captured backward would have to sync with
+it, which invalidates the capture. So DDP is built on the stream the step is warmed up and
+captured on (`ddp_construction`, `capture_stream`). An eager
+one-element all-reduce every `_HEARTBEAT_STEPS` replays gives NCCL's watchdog something to
+time out on, so a dead peer still ends the job within `collective_timeout_s`. CPU / gloo
+runs never capture and keep the plain DDP path.
+
 Data placement:
 * resident (`device_resident_data: true`, or any CPU run): the shard lives on the device;
 * streamed (`device_resident_data: false` on CUDA): the shard stays in host memory; a
@@ -22,11 +37,15 @@ import contextlib
 import logging
 import queue
 import threading
+import traceback
 from collections.abc import Iterator, Mapping
+from pathlib import Path
 from typing import Any
 
 import torch
+import torch.distributed as dist
 from torch import Tensor, nn
+from torch.nn.parallel import DistributedDataParallel
 
 from reagent_lite.data.sampler import EpochSampler
 from reagent_lite.training.tensordict import TensorDict
@@ -41,6 +60,10 @@ _WARMUP_STEPS = 3
 # Rows per streamed chunk (rounded to whole steps): large enough that the per-chunk
 # handoff is noise, small enough that a few chunks fit any GPU next to the model.
 DEFAULT_CHUNK_ROWS = 1 << 18
+# Replays between the eager heartbeat all-reduces of a multi-process graph: well inside the
+# host's queue of pending launches, so one is queued before the host could block on a dead
+# peer; a one-element all-reduce per 64 steps costs well under 0.1%.
+_HEARTBEAT_STEPS = 64
 
 
 class LazyBatch:
@@ -189,6 +212,53 @@ def plain_lr(optimizer_state: dict[str, Any]) -> dict[str, Any]:
     return optimizer_state
 
 
+_CAPTURE_STREAMS: dict[int, torch.cuda.Stream] = {}
+
+
+def capture_stream(device: torch.device) -> torch.cuda.Stream:
+    """The one side stream on which a device's multi-process step is warmed up and
+    captured, and its DDP wrappers built."""
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    if index not in _CAPTURE_STREAMS:
+        _CAPTURE_STREAMS[index] = torch.cuda.Stream(index)
+    return _CAPTURE_STREAMS[index]
+
+
+@contextlib.contextmanager
+def ddp_construction(device: torch.device, cuda_graphs: bool) -> Iterator[None]:
+    """Where the workflow builds its DDP wrappers: on `capture_stream` when the step may be
+    captured (see the module notes), ordered with the default stream both ways."""
+    if device.type != "cuda" or not cuda_graphs:
+        yield
+        return
+    stream = capture_stream(device)
+    current = torch.cuda.current_stream(device)
+    stream.wait_stream(current)
+    with torch.cuda.stream(stream):
+        yield
+    current.wait_stream(stream)  # DDP's initial broadcast lands before anything reads
+
+
+class GradAllReduce:
+    """Averages the gradients of `params` over the default process group, as DDP does
+    (divide by the world size, then sum): flattened into one buffer, one all-reduce, copied
+    back. Plain tensor ops and one NCCL call, so it can be captured in a CUDA graph."""
+
+    def __init__(self, params: list[Tensor], world_size: int):
+        self.params = [p for p in params if p.requires_grad]
+        self.world_size = world_size
+
+    def __call__(self) -> None:
+        grads = [p.grad for p in self.params if p.grad is not None]
+        if not grads:
+            return
+        flat = torch.cat([g.reshape(-1) for g in grads])
+        flat.div_(self.world_size)
+        dist.all_reduce(flat, op=dist.ReduceOp.SUM)
+        parts = flat.split([g.numel() for g in grads])
+        torch._foreach_copy_(grads, [part.view_as(g) for part, g in zip(parts, grads, strict=True)])
+
+
 class _Snapshot:
     """Values of parameters, buffers and optimizer state, to undo the warm-up steps."""
 
@@ -238,6 +308,7 @@ class StepRunner:
         resident: bool,
         distributed_wrapper: bool,
         chunk_rows: int | None = None,
+        chunk_source: Any | None = None,
     ) -> None:
         self.trainer = trainer
         self.cpe = cpe
@@ -249,12 +320,19 @@ class StepRunner:
         self.batch = minibatch_size
         self.step_rows = minibatch_size * minibatches_per_step
         self.columns = training_columns(data)
-        self.streamed = device.type == "cuda" and not resident
+        # `chunk_source` (stream_from_disk: `data.disk_stream.DiskShardStream`) hands out
+        # each epoch's chunks itself, on any device; `data` is then only a column template.
+        self._disk = chunk_source
+        self.streamed = (device.type == "cuda" and not resident) or chunk_source is not None
         self.loss_sum = torch.zeros((), device=device)
         self.graph: torch.cuda.CUDAGraph | None = None
         self.mode = "eager"
         self._want_graph = cuda_graphs and device.type == "cuda"
         self._why_eager = ""
+        # World size when the graph all-reduces gradients itself (DDP over NCCL), else 0.
+        self.graph_world = 0
+        self._beat: Tensor | None = None
+        self._replays = 0
         if self._want_graph:
             self._why_eager = self._graph_blocker(distributed_wrapper)
             self._want_graph = not self._why_eager
@@ -263,7 +341,9 @@ class StepRunner:
         self._chunk: dict[str, Tensor] = {}
         self._chunk_steps = 0
         self._chunk_pos = 0
-        if self.streamed:
+        if chunk_source is not None:
+            self.chunk_rows = chunk_source.chunk_rows
+        elif self.streamed:
             steps = max(1, (chunk_rows or DEFAULT_CHUNK_ROWS) // self.step_rows)
             self.chunk_rows = steps * self.step_rows
             self._host = HostChunkStream(self.columns, device, self.chunk_rows)
@@ -280,18 +360,28 @@ class StepRunner:
         if self.cpe is not None:
             optimizers.append(self.cpe.optimizer)
         if distributed_wrapper:
-            return "the network is wrapped for data parallelism (DDP/DP steps run eagerly)"
+            wrapped = [self.trainer.q_net] + ([self.cpe.nets] if self.cpe is not None else [])
+            if not all(isinstance(w, DistributedDataParallel) for w in wrapped):
+                return "the network is wrapped by DataParallel (its steps run eagerly)"
+            backend = dist.get_backend() if dist.is_initialized() else "none"
+            if backend != "nccl":
+                return f"DDP over {backend}: only NCCL all-reduces can be captured"
+            self.graph_world = dist.get_world_size()
         if not all(_adam_family(o) for o in optimizers):
             return f"optimizer {type(self.trainer.optimizer).__name__} is not Adam/AdamW"
         return ""
 
     def describe(self) -> str:
         data = (
-            f"streamed from host in chunks of {self.chunk_rows} rows"
+            self._disk.describe()
+            if self._disk is not None
+            else f"streamed from host in chunks of {self.chunk_rows} rows"
             if self.streamed
             else ("resident on " + str(self.device))
         )
         mode = "one CUDA graph per step" if self.mode == "graph" else "eager"
+        if self.mode == "graph" and self.graph_world:
+            mode += f" (gradients all-reduced inside the graph over {self.graph_world} ranks)"
         why = f" ({self._why_eager})" if self._why_eager and self.mode != "graph" else ""
         return f"training step: {mode}{why}; data {data}"
 
@@ -299,7 +389,10 @@ class StepRunner:
     def begin_epoch(self, epoch: int) -> None:
         self.sampler.set_epoch(epoch)
         self.loss_sum.zero_()
-        if self.streamed:
+        if self._disk is not None:
+            self._chunks = self._disk.epoch_chunks(epoch)
+            self._chunk_steps = self._chunk_pos = 0
+        elif self.streamed:
             order = self.sampler.epoch_indices(epoch).cpu()
             self._chunks = self._host.chunks(order)
             self._chunk_steps = self._chunk_pos = 0
@@ -333,6 +426,10 @@ class StepRunner:
         if self.mode == "graph":
             assert self.graph is not None
             self.graph.replay()
+            if self._beat is not None:
+                self._replays += 1
+                if self._replays % _HEARTBEAT_STEPS == 0:
+                    dist.all_reduce(self._beat)
             return
         if self.streamed:
             start = (self._chunk_pos - 1) * self.step_rows
@@ -383,6 +480,34 @@ class StepRunner:
             opts.append(self.cpe.optimizer)
         return opts
 
+    @contextlib.contextmanager
+    def _explicit_grad_sync(self) -> Iterator[None]:
+        """Inside: forwards go through the plain modules and the trainers all-reduce
+        gradients themselves (what the graph captures); restored on the way out."""
+        trainer, cpe = self.trainer, self.cpe
+        saved_q = trainer.q_net
+        trainer.q_net = trainer.online
+        trainer.grad_sync = GradAllReduce(list(trainer.online.parameters()), self.graph_world)
+        saved_cpe = None
+        if cpe is not None:
+            saved_cpe = cpe.nets
+            raw = cpe._raw()
+            cpe.nets = raw
+            cpe.grad_sync = GradAllReduce(list(raw.parameters()), self.graph_world)
+        try:
+            yield
+        finally:
+            trainer.q_net, trainer.grad_sync = saved_q, None
+            if cpe is not None:
+                cpe.nets, cpe.grad_sync = saved_cpe, None
+
+    def _agree(self, ok: bool) -> bool:
+        """True when capture succeeded on every rank (a graph holding a collective must be
+        replayed by all ranks or by none)."""
+        flag = torch.tensor([1 if ok else 0], dtype=torch.int32, device=self.device)
+        dist.all_reduce(flag, op=dist.ReduceOp.MIN)
+        return bool(flag.item())
+
     def _try_capture(self) -> None:
         """Warm up, capture, undo the warm-up; on any failure stay eager and say why."""
         self._want_graph = False
@@ -392,6 +517,10 @@ class StepRunner:
         if self.cpe is not None:
             _make_capturable(self.cpe.optimizer, self.device, lr_tensor=False)
         snapshot = _Snapshot(self._modules(), self._optimizers())
+        sync = self._explicit_grad_sync() if self.graph_world else contextlib.nullcontext()
+        # Thread-local: NCCL's watchdog thread queries events while we capture.
+        mode = "thread_local" if self.graph_world else "global"
+        failure = ""
         try:
             if self.streamed:
                 self._static_src = {
@@ -403,29 +532,46 @@ class StepRunner:
                 self._stream = torch.arange(self.chunk_rows, device=self.device).view(
                     -1, self.step_rows
                 )
-            side = torch.cuda.Stream(self.device)
-            side.wait_stream(torch.cuda.current_stream(self.device))
-            with torch.cuda.stream(side):
-                for _ in range(_WARMUP_STEPS):
-                    self._pos.zero_()
+            with sync:
+                side = (
+                    capture_stream(self.device)
+                    if self.graph_world
+                    else torch.cuda.Stream(self.device)
+                )
+                side.wait_stream(torch.cuda.current_stream(self.device))
+                with torch.cuda.stream(side):
+                    for _ in range(_WARMUP_STEPS):
+                        self._pos.zero_()
+                        self._graph_body()
+                torch.cuda.current_stream(self.device).wait_stream(side)
+                for opt in self._optimizers():
+                    opt.zero_grad(set_to_none=True)
+                torch.cuda.synchronize(self.device)
+                graph = torch.cuda.CUDAGraph()
+                # Multi-process: captured on the warm-up stream, DDP's (module notes).
+                on = side if self.graph_world else None
+                with torch.cuda.graph(graph, stream=on, capture_error_mode=mode):
                     self._graph_body()
-            torch.cuda.current_stream(self.device).wait_stream(side)
-            for opt in self._optimizers():
-                opt.zero_grad(set_to_none=True)
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph):
-                self._graph_body()
         except Exception as err:  # any capture problem: eager is always correct
-            torch.cuda.synchronize(self.device)
-            snapshot.restore()
-            self._why_eager = f"CUDA graph capture failed: {type(err).__name__}: {err}"
-            log.warning("cuda_graphs: %s; training eagerly", self._why_eager)
+            frames = traceback.extract_tb(err.__traceback__)
+            at = f" (at {Path(frames[-1].filename).name}:{frames[-1].lineno})" if frames else ""
+            first = (str(err).splitlines() or [""])[0]
+            failure = f"CUDA graph capture failed: {type(err).__name__}: {first}{at}"
+        torch.cuda.synchronize(self.device)
+        if failure:
+            log.warning("cuda_graphs: %s; training eagerly", failure)
+        if self.graph_world and not self._agree(not failure) and not failure:
+            failure = "CUDA graph capture failed on another rank (its log says why)"
+            log.warning("cuda_graphs: %s; training eagerly", failure)
+        snapshot.restore()
+        if failure:
+            self._why_eager = failure
             self._static_src = self.columns
             if not self.streamed:
                 self._eager_indices = iter(self.sampler)
             return
-        torch.cuda.synchronize(self.device)
-        snapshot.restore()
         self._pos.zero_()
         self.graph = graph
         self.mode = "graph"
+        if self.graph_world:
+            self._beat = torch.zeros(1, device=self.device)

@@ -1,0 +1,279 @@
+"""Multi-GPU runs of the real workflow entry points (issue 8), on one host with G ≥ 2 GPUs.
+
+    python -m benchmarks.multi_gpu --out /tmp/mgpu [--batches 1024,8192] [--steps 3000] \\
+        [--epochs 3] [--eager-baseline] [--skip parametric,nodes]
+
+1. `use_all_avail_gpus: true` with 1, 2, … G visible GPUs (CUDA_VISIBLE_DEVICES): one
+   process per GPU, NCCL; replicas checked every 200 steps (REAGENT_LITE_VERIFY_REPLICAS);
+   per-GPU throughput from metrics.jsonl with the per-process batch held fixed, and the
+   weak-scaling efficiency (per-GPU throughput at G GPUs / at 1 GPU). `--eager-baseline`
+   adds, per batch, G GPUs with `cuda_graphs: false` (the DDP wrapper's eager step).
+2. Two "nodes" on one host: `--node_index=0/1`, each given half of the GPUs through
+   CUDA_VISIBLE_DEVICES, rendezvous in a shared directory.
+3. The parametric sample config on all GPUs.
+Every run must exit 0 and leave exactly one model.pt2. The figures are printed as a table
+and written to <out>/summary.json, with rank 0's lines on the training step (CUDA graph or
+eager) and on the replica check. NVLink multicast stays off (NCCL_NVLS_ENABLE=0 and
+friends), as the machines' notes require.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+SAFE_ENV = {
+    "NCCL_NVLS_ENABLE": "0",
+    "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
+    "NVSHMEM_DISABLE_NVLS": "1",
+}
+VERIFY = {"REAGENT_LITE_VERIFY_REPLICAS": "200"}
+MLP = {"layers": [-1, 256, 256, -1], "activations": ["relu", "relu", "linear"]}
+
+
+def _env(visible: str, **extra: str) -> dict[str, str]:
+    env = dict(os.environ, PYTHONUNBUFFERED="1", CUDA_VISIBLE_DEVICES=visible, **SAFE_ENV, **extra)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH", "")) if p)
+    return env
+
+
+def _config(path: Path, **fields: Any) -> Path:
+    path.write_text(json.dumps(fields, indent=1))
+    return path
+
+
+def _steady_throughput(out: Path) -> float:
+    """Median transitions/s of the epochs after the first (which pays warm-up and capture)."""
+    records = [
+        json.loads(line)
+        for line in (out / "metrics.jsonl").read_text().splitlines()
+        if line.strip()
+    ]
+    epochs = [r["transitions_per_s"] for r in records if "transitions_per_s" in r]
+    return statistics.median(epochs[1:] if len(epochs) > 1 else epochs)
+
+
+def _log_facts(log: Path) -> dict[str, str]:
+    """Rank 0's lines on the training step and on the replica check."""
+    text = log.read_text(errors="replace")
+    facts = {}
+    for key, pattern in (("step", r"training step: [^;\n]*"), ("replicas", r"replica check: .*")):
+        found = re.findall(pattern, text)
+        facts[key] = found[-1] if found else "(not in the log)"
+    return facts
+
+
+def _run(cmds: list[tuple[list[str], dict[str, str]]], log: Path, timeout: float) -> float:
+    start = time.perf_counter()
+    procs = []
+    with log.open("w") as f:
+        for cmd, env in cmds:
+            procs.append(
+                subprocess.Popen(cmd, cwd=REPO, env=env, stdout=f, stderr=subprocess.STDOUT)
+            )
+        try:
+            codes = [p.wait(timeout=timeout) for p in procs]
+        finally:
+            for p in procs:
+                p.kill()
+    if any(codes):
+        print(log.read_text()[-4000:])
+        raise SystemExit(f"run failed ({codes}); log {log}")
+    return time.perf_counter() - start
+
+
+def _weak_scaling(
+    out: Path, common: dict[str, Any], args: argparse.Namespace, gpus: int, summary: dict[str, Any]
+) -> None:
+    py = sys.executable
+    rows = []
+    for batch in [int(b) for b in args.batches.split(",")]:
+        per_gpu: dict[int, float] = {}
+        runs = [(n, True) for n in range(1, gpus + 1)]
+        if args.eager_baseline:
+            runs.append((gpus, False))
+        for n, graphs in runs:
+            tag = f"dqn_b{batch}_g{n}" + ("" if graphs else "_eager")
+            run_dir = out / tag
+            cfg = _config(
+                out / f"{tag}.json",
+                **common,
+                cuda_graphs=graphs,
+                init_method=(out / f"rdzv_{tag}").as_uri(),
+                model_output_path=str(run_dir),
+                training={**MLP, "minibatch_size": batch, "steps_per_epoch": args.steps},
+            )
+            visible = ",".join(str(i) for i in range(n))
+            log = out / f"{tag}.log"
+            cmd = [py, "-m", "workflows.dqn_workflow", "--config", str(cfg)]
+            wall = _run([(cmd, _env(visible, **VERIFY))], log, args.timeout)
+            meta = json.loads((run_dir / "model_meta.json").read_text())
+            assert meta["world_size"] == n, meta["world_size"]
+            total = _steady_throughput(run_dir)
+            per = total / n
+            if graphs:
+                per_gpu[n] = per
+            name = f"dqn b={batch}" + ("" if graphs else " eager")
+            eff = per / per_gpu[1]
+            rows.append((name, n, total, per, eff, wall))
+            facts = _log_facts(log)
+            summary["runs"].append(
+                {
+                    "run": name,
+                    "gpus": n,
+                    "transitions_per_s": total,
+                    "per_gpu": per,
+                    "efficiency": eff,
+                    "wall_s": wall,
+                    **facts,
+                }
+            )
+            print(f"{tag}: {facts['step']} | {facts['replicas']}", flush=True)
+    print(
+        f"{'run':<22}{'GPUs':>5}{'transitions/s':>16}{'per GPU':>14}{'efficiency':>12}{'wall s':>9}"
+    )
+    for name, n, total, per, eff, wall in rows:
+        print(f"{name:<22}{n:>5}{total:>16,.0f}{per:>14,.0f}{eff:>11.1%}{wall:>9.1f}")
+
+
+def _parametric(out: Path, gpus: int, timeout: float, summary: dict[str, Any]) -> None:
+    """The parametric sample config, unchanged but for its paths, on every GPU."""
+    sample = json.loads(
+        (REPO / "sample_configs/parametric_action/synthetic_parametric_dqn.json").read_text()
+    )
+    sample.pop("$schema", None)
+    sample.update(
+        training_data_path=str(out / "pdata/train.parquet"),
+        eval_data_path=str(out / "pdata/eval.parquet"),
+        model_output_path=str(out / "parametric"),
+        init_method=(out / "rdzv_parametric").as_uri(),
+        use_gpu=True,
+        use_all_avail_gpus=True,
+    )
+    cfg = _config(out / "parametric.json", **sample)
+    visible = ",".join(str(i) for i in range(gpus))
+    log = out / "parametric.log"
+    cmd = [sys.executable, "-m", "workflows.parametric_dqn_workflow", "--config", str(cfg)]
+    wall = _run([(cmd, _env(visible, **VERIFY))], log, timeout)
+    meta = json.loads((out / "parametric/model_meta.json").read_text())
+    facts = _log_facts(log)
+    models = list((out / "parametric").glob("**/model.pt2"))
+    final = {k: v for k, v in (meta.get("final_metrics") or {}).items() if k != "cpe"}
+    print(
+        f"parametric sample config on {gpus} GPUs: world size {meta['world_size']}, "
+        f"{wall:.0f} s, model files {len(models)}, final {final} | {facts['step']} | "
+        f"{facts['replicas']}"
+    )
+    summary["parametric"] = {
+        "world_size": meta["world_size"],
+        "wall_s": wall,
+        "models": len(models),
+        "final_metrics": final,
+        **facts,
+    }
+
+
+def _two_nodes(
+    out: Path, common: dict[str, Any], gpus: int, timeout: float, summary: dict[str, Any]
+) -> None:
+    """Two "nodes" on one host, half of the GPUs each, file rendezvous in a shared dir."""
+    half = gpus // 2
+    shared = out / "nfs"
+    shared.mkdir(exist_ok=True)
+    cfg = _config(
+        out / "two_nodes.json",
+        **{**common, "epochs": 2},
+        model_output_path=str(shared / "out"),
+        num_nodes=2,
+        init_method=(shared / "rendezvous").as_uri(),
+        training={**MLP, "minibatch_size": 1024, "steps_per_epoch": 500},
+    )
+    halves = [
+        ",".join(str(i) for i in range(half)),
+        ",".join(str(i) for i in range(half, 2 * half)),
+    ]
+    cmd = [sys.executable, "-m", "workflows.dqn_workflow", "--config", str(cfg)]
+    log = out / "two_nodes.log"
+    wall = _run(
+        [([*cmd, f"--node_index={k}"], _env(halves[k], **VERIFY)) for k in (0, 1)], log, timeout
+    )
+    meta = json.loads((shared / "out/model_meta.json").read_text())
+    models = [str(p) for p in out.glob("nfs/**/model.pt2")]
+    leftovers = [str(p) for p in shared.glob("rendezvous.rdzv/**/*")]
+    facts = _log_facts(log)
+    print(
+        f"two nodes x {half} GPU(s): world size {meta['world_size']}, {wall:.0f} s, "
+        f"model files {models} | {facts['step']} | {facts['replicas']}"
+    )
+    print(f"rendezvous leftovers after the clean run: {leftovers}")
+    summary["two_nodes"] = {
+        "world_size": meta["world_size"],
+        "wall_s": wall,
+        "models": models,
+        "rendezvous_leftovers": leftovers,
+        **facts,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
+    parser.add_argument("--out", type=Path, default=Path("/tmp/multi_gpu"))
+    parser.add_argument("--batches", default="1024,8192")
+    parser.add_argument("--steps", type=int, default=3000, help="optimizer steps per epoch")
+    parser.add_argument("--epochs", type=int, default=3)
+    parser.add_argument("--timeout", type=float, default=400)
+    parser.add_argument("--eager-baseline", action="store_true", help="also G GPUs, eager")
+    parser.add_argument("--skip", default="", help="parts to skip: parametric,nodes")
+    args = parser.parse_args()
+    gpus = torch.cuda.device_count()
+    if gpus < 2:
+        raise SystemExit(f"needs at least 2 GPUs, found {gpus}")
+    out = args.out
+    out.mkdir(parents=True, exist_ok=True)
+    data = out / "data"
+    common: dict[str, Any] = {
+        "training_data_path": str(data / "train.parquet"),
+        "eval_data_path": str(data / "eval.parquet"),
+        "use_gpu": True,
+        "use_all_avail_gpus": True,
+        "actions": ["0", "1"],
+        "epochs": args.epochs,
+        "seed": 0,
+        "log_every_steps": 1_000_000,
+        "checkpoint_every_epochs": 0,
+        "evaluation": {"calc_cpe_in_training": False, "model_selection": "last"},
+        "sample_data": {"kind": "gym", "env": "CartPole-v1", "episodes": 5000, "policy": "random"},
+        "rainbow": {"double_q_learning": True},
+        "rl": {"target_update_rate": 0.005},
+    }
+    summary: dict[str, Any] = {
+        "gpus": gpus,
+        "device": torch.cuda.get_device_name(0),
+        "torch": torch.__version__,
+        "args": {k: str(v) for k, v in vars(args).items()},
+        "runs": [],
+    }
+    skip = set(args.skip.split(","))
+    try:
+        _weak_scaling(out, common, args, gpus, summary)
+        if "nodes" not in skip:
+            _two_nodes(out, common, gpus, args.timeout, summary)
+        if "parametric" not in skip:
+            _parametric(out, gpus, args.timeout, summary)
+    finally:
+        (out / "summary.json").write_text(json.dumps(summary, indent=1))
+
+
+if __name__ == "__main__":
+    main()
