@@ -106,14 +106,17 @@ class RLParameters(_Model):
     )
     softmax_policy: FlexBool = Field(
         default=False,
-        description="Evaluate a softmax policy over Q/temperature instead of the greedy one. "
-        "Accepts Horizon's 0/1.",
+        description="Horizon compatibility (accepts 0/1): counterfactual evaluation always "
+        "scores the softmax policy over Q / temperature (a small temperature makes it the "
+        "greedy policy that model.pt2 serves), so true has no further effect and warns.",
     )
     epsilon: float = Field(
         default=0.0,
         ge=0.0,
         le=1.0,
-        description="Exploration ε mixed into the evaluated policy (0 = greedy).",
+        description="Horizon compatibility: the exploration ε of Horizon's online trainers. "
+        "Offline training and evaluation do not explore, so a value above 0 warns and is "
+        "otherwise ignored.",
     )
 
 
@@ -358,6 +361,23 @@ class BaseWorkflowConfig(_Model):
     device_resident_data: bool = Field(
         default=True, description="Keep each rank's shard on its device (fast path when it fits)."
     )
+    stream_from_disk: bool = Field(
+        default=False,
+        description="Never hold a rank's whole shard: each epoch read its Parquet row groups "
+        "in a seeded shuffled order, a window of at most stream_window_rows rows at a time "
+        "(the next window is read in the background while training on the current one). "
+        "For shards larger than host memory; dqn workflow, Parquet data only. Trade-off: "
+        "shuffling is window-local — a minibatch mixes only the rows of the row groups in "
+        "its window — and normalization (unless given) is fitted on a sample of row groups. "
+        "Overrides device_resident_data for the training data; eval data is read as usual.",
+    )
+    stream_window_rows: int = Field(
+        default=1_000_000,
+        ge=1,
+        description="With stream_from_disk: rows per window (whole row groups are packed up "
+        "to this; a larger row group is a window alone). Host memory is about two windows "
+        "of training tensors; larger windows shuffle more globally.",
+    )
     cuda_graphs: bool = Field(
         default=True, description="Capture the training step in a CUDA graph when on GPU."
     )
@@ -534,6 +554,12 @@ class ParametricDQNWorkflowConfig(BaseWorkflowConfig):
             raise ConfigProblem(
                 ("rainbow", "dueling_architecture"),
                 "not supported by parametric_dqn (one Q-value per candidate)",
+                True,
+            )
+        if self.stream_from_disk:
+            raise ConfigProblem(
+                ("stream_from_disk",),
+                "not supported by parametric_dqn yet (dqn workflow only)",
                 True,
             )
         return self

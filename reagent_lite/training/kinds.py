@@ -17,13 +17,21 @@ import torch
 from torch import Tensor, nn
 
 from reagent_lite.data import tensorize as tz
+from reagent_lite.data.disk_stream import (
+    DiskShardStream,
+    load_window,
+    scan_state_ids,
+    stream_units,
+)
 from reagent_lite.data.ingest import ingest_discrete
 from reagent_lite.distributed.context import DistContext
+from reagent_lite.errors import DataError
 from reagent_lite.models import build_q_network
 from reagent_lite.models.parametric import ParametricQNetwork
 from reagent_lite.normalization.module import Preprocessor, one_intraop_thread
 from reagent_lite.trainers.dqn import DQNTrainer
 from reagent_lite.trainers.parametric_dqn import ParametricDQNTrainer
+from reagent_lite.training.steps import EVAL_ONLY_FIELDS
 from reagent_lite.training.tensordict import TensorDict
 
 # Rows normalized at a time: bounds the temporary memory of the preprocessing pass.
@@ -127,7 +135,9 @@ class WorkflowKind(Protocol):
 
     def feature_space(self, ctx: DistContext, table: pa.Table, cfg: Any) -> FeatureSpace: ...
 
-    def tensorize(self, table: pa.Table, space: FeatureSpace, cfg: Any) -> Any: ...
+    def tensorize(
+        self, table: pa.Table, space: FeatureSpace, cfg: Any, source: str = "table"
+    ) -> Any: ...
 
     def norm_samples(self, raw: Any, n: int, seed: int) -> dict[str, np.ndarray]: ...
 
@@ -154,12 +164,15 @@ class DiscreteKind:
             state_ids=_agreed_ids(ctx, table, "state_features"), actions=list(cfg.actions)
         )
 
-    def tensorize(self, table: pa.Table, space: FeatureSpace, cfg: Any) -> Any:
+    def tensorize(
+        self, table: pa.Table, space: FeatureSpace, cfg: Any, source: str = "table"
+    ) -> Any:
         return tz.tensorize_discrete(
             table,
             space.state_ids,
             space.actions,
             use_seq_num_diff_as_time_diff=cfg.rl.use_seq_num_diff_as_time_diff,
+            source=source,
         )
 
     def load_shard(
@@ -182,6 +195,71 @@ class DiscreteKind:
         }
         other = {k: torch.from_numpy(v) for k, v in shard.fields.items()}
         return space, StreamedShard(features, other, shard.rows_per_part), shard.timings
+
+    def open_disk_sample(
+        self, ctx: DistContext, cfg: Any, path: str
+    ) -> tuple[FeatureSpace, StreamedShard, list[Any]]:
+        """`stream_from_disk`: the feature ids (from a keys-only scan of the shard, agreed by
+        the ranks), a raw sample of a few seeded row groups (normalization is fitted on it;
+        normalized, it is the column template the step runner sizes its buffers from) and
+        the shard's units (`data/disk_stream.py`) — no rank reads its whole shard."""
+        units = stream_units(path, ctx.rank, ctx.world_size)
+        if not units:
+            raise DataError(
+                f"{path}: rank {ctx.rank} of {ctx.world_size} has an empty shard "
+                "(more ranks than rows?)"
+            )
+        ids = _agree(ctx, scan_state_ids(units))
+        space = FeatureSpace(state_ids=ids, actions=list(cfg.actions))
+        want = min(cfg.stream_window_rows, max(1, cfg.normalization_sample_size // ctx.world_size))
+        order = np.random.default_rng([cfg.seed, ctx.rank, 1]).permutation(len(units))
+        picked: list[Any] = []
+        rows = 0
+        for i in order:
+            if rows >= want:
+                break
+            picked.append(units[int(i)])
+            rows += units[int(i)].num_rows or 0
+        shard = load_window(picked, space.actions, space.state_ids, **self._window_opts(cfg))
+        features = {
+            "state": torch.from_numpy(shard.state),
+            "next_state": torch.from_numpy(shard.next_state),
+        }
+        other = {k: torch.from_numpy(v) for k, v in shard.fields.items()}
+        return space, StreamedShard(features, other, [len(shard)]), units
+
+    def _window_opts(self, cfg: Any) -> dict[str, Any]:
+        return {
+            "use_seq_num_diff_as_time_diff": cfg.rl.use_seq_num_diff_as_time_diff,
+            "drop_bad_rows": cfg.drop_bad_rows,
+        }
+
+    def disk_stream(
+        self,
+        ctx: DistContext,
+        cfg: Any,
+        units: list[Any],
+        space: FeatureSpace,
+        pre: dict[str, Preprocessor],
+    ) -> DiskShardStream:
+        """The stream of training windows: each loaded, normalized in place and cut to the
+        columns training reads, in a background thread (`DiskShardStream`)."""
+        state_pre, opts = pre["state"], self._window_opts(cfg)
+
+        def load(window: Any) -> dict[str, Tensor]:
+            raw = load_window(window, space.actions, space.state_ids, **opts)
+            cols = {
+                "state": state_pre.normalize_rows(torch.from_numpy(raw.state)),
+                "next_state": state_pre.normalize_rows(torch.from_numpy(raw.next_state)),
+            }
+            cols.update(
+                (k, torch.from_numpy(v)) for k, v in raw.fields.items() if k not in EVAL_ONLY_FIELDS
+            )
+            return cols
+
+        return DiskShardStream(
+            units, load, window_rows=cfg.stream_window_rows, seed=cfg.seed, rank=ctx.rank
+        )
 
     def norm_samples(self, raw: Any, n: int, seed: int) -> dict[str, np.ndarray]:
         if isinstance(raw, StreamedShard):
@@ -252,13 +330,16 @@ class ParametricKind:
             k = cfg.max_candidates
         return FeatureSpace(state_ids=state_ids, action_ids=action_ids, max_candidates=k)
 
-    def tensorize(self, table: pa.Table, space: FeatureSpace, cfg: Any) -> Any:
+    def tensorize(
+        self, table: pa.Table, space: FeatureSpace, cfg: Any, source: str = "table"
+    ) -> Any:
         return tz.tensorize_parametric(
             table,
             space.state_ids,
             space.action_ids,
             max_candidates=space.max_candidates,
             use_seq_num_diff_as_time_diff=cfg.rl.use_seq_num_diff_as_time_diff,
+            source=source,
         )
 
     def norm_samples(self, raw: Any, n: int, seed: int) -> dict[str, np.ndarray]:

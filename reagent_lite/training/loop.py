@@ -19,6 +19,7 @@ import torch
 from torch import Tensor, nn
 from tqdm import tqdm
 
+from reagent_lite.data.disk_stream import DiskShardStream
 from reagent_lite.data.readers import read_shard
 from reagent_lite.data.sampler import EpochSampler, UnionSampler
 from reagent_lite.data.validate import validate
@@ -32,7 +33,7 @@ from reagent_lite.normalization.params import NormalizationParameters, load_norm
 from reagent_lite.training import checkpoint as ckpt
 from reagent_lite.training.kinds import KINDS, FeatureSpace
 from reagent_lite.training.metrics import MetricsWriter
-from reagent_lite.training.steps import StepRunner, plain_lr
+from reagent_lite.training.steps import StepRunner, ddp_construction, plain_lr
 from reagent_lite.training.tensordict import TensorDict
 from reagent_lite.training.verify import (
     check_replicas,
@@ -73,6 +74,8 @@ class Workflow:
         self.verify_every = verify_every()
         self.replica_checks = 0
         self.emulated_shards: list[int] | None = None
+        # stream_from_disk: the shard's reader; `train_data` is then only a normalized sample.
+        self.disk: DiskShardStream | None = None
 
     # ------------------------------------------------------------------ setup
     def setup(self) -> None:
@@ -99,7 +102,9 @@ class Workflow:
             self.cpe_nets = nets
             self.cpe = CpeModelTrainer(
                 self.kind,
-                self._wrap(nets),
+                # DataParallel cannot scatter the batch object CpeNets takes (each replica
+                # would read cuda:0 tensors): only DDP wraps the small side models.
+                self._wrap(nets, data_parallel=False),
                 gamma=cfg.rl.gamma,
                 temperature=cfg.rl.temperature,
                 target_update_rate=cfg.rl.target_update_rate,
@@ -122,7 +127,14 @@ class Workflow:
         t0 = clock()
         timings: dict[str, float]
         load = getattr(self.kind, "load_shard", None) if streaming else None
-        if load is not None:
+        units = None
+        if getattr(cfg, "stream_from_disk", False):
+            # Only a sample is read here; training reads the shard window by window.
+            self.space, raw, units = self.kind.open_disk_sample(  # type: ignore[attr-defined]
+                ctx, cfg, cfg.training_data_path
+            )
+            timings = {"sample": clock() - t0}
+        elif load is not None:
             # Streaming: row group by row group into preallocated arrays (data/ingest.py).
             world = emulated_world_size(ctx.world_size)
             parts = [(r, world) for r in range(world)] if world else [(ctx.rank, ctx.world_size)]
@@ -133,7 +145,7 @@ class Workflow:
             table = self._read_training_shard()
             t = clock()
             self.space = self.kind.feature_space(ctx, table, cfg)
-            raw = self.kind.tensorize(table, self.space, cfg)
+            raw = self.kind.tensorize(table, self.space, cfg, str(cfg.training_data_path))
             del table
             timings = {"read+validate": t - t0, "tensorize": clock() - t}
         t1 = clock()
@@ -144,6 +156,10 @@ class Workflow:
         t2 = clock()
         self.train_data = self.kind.training_tensors(raw, self.pre)
         del raw
+        if units is not None:
+            self.disk = self.kind.disk_stream(  # type: ignore[attr-defined]
+                ctx, cfg, units, self.space, self.pre
+            )
         t3 = clock()
         self.ingest_timings = {**timings, "fit": t2 - t1, "normalize": t3 - t2, "total": t3 - t0}
 
@@ -208,7 +224,7 @@ class Workflow:
         if not path:
             return None
         table = self._read(path, 0, 1)
-        raw = self.kind.tensorize(table, self.space, self.cfg)
+        raw = self.kind.tensorize(table, self.space, self.cfg, str(path))
         return self.kind.training_tensors(raw, self.pre).to(self.device)
 
     def _warm_start(self) -> None:
@@ -233,18 +249,27 @@ class Workflow:
             ) from err
         log.info("warm-started the Q-network from %s", file)
 
-    def _wrap(self, module: nn.Module) -> nn.Module:
-        if self.ctx.world_size > 1 and self.cfg.data_parallel == "ddp":
+    def _wrap(self, module: nn.Module, *, data_parallel: bool = True) -> nn.Module:
+        if self.ctx.world_size > 1:
+            # Several processes (also `dp` under torchrun): only DDP keeps them in sync.
             device_ids = [self.device.index] if self.device.type == "cuda" else None
-            return nn.parallel.DistributedDataParallel(module, device_ids=device_ids)
-        if self.cfg.data_parallel == "dp" and torch.cuda.device_count() > 1:
+            # On the stream the step will be captured on (steps.py's notes say why).
+            with ddp_construction(self.device, self.cfg.cuda_graphs):
+                return nn.parallel.DistributedDataParallel(module, device_ids=device_ids)
+        if (
+            data_parallel
+            and self.cfg.data_parallel == "dp"
+            and self.device.type == "cuda"
+            and torch.cuda.device_count() > 1
+        ):
             return nn.DataParallel(module)
         return module
 
     def _plan_steps(self) -> None:
         cfg, ctx = self.cfg, self.ctx
         micro, mps = cfg.training.minibatch_size, cfg.training.minibatches_per_step
-        sizes = self.emulated_shards or ctx.all_gather_object(len(self.train_data))
+        local = self.disk.num_rows if self.disk is not None else len(self.train_data)
+        sizes = self.emulated_shards or ctx.all_gather_object(local)
         self.steps_per_epoch = cfg.training.steps_per_epoch or max(
             1, math.ceil(max(sizes) / (micro * mps))
         )
@@ -255,7 +280,7 @@ class Workflow:
             self.sampler = UnionSampler(sizes, micro, self.steps_per_epoch * mps, cfg.seed, device)
         else:
             self.sampler = EpochSampler(
-                len(self.train_data),
+                local,
                 micro,
                 self.steps_per_epoch * mps,
                 cfg.seed,
@@ -279,6 +304,12 @@ class Workflow:
         """The object that runs this rank's optimizer steps (built once, after setup)."""
         if self._runner is None:
             cfg = self.cfg
+            if self.disk is not None:
+                self.disk.configure(
+                    step_rows=self.sampler.batch_size * cfg.training.minibatches_per_step,
+                    steps_per_epoch=self.steps_per_epoch,
+                    device=self.device,
+                )
             self._runner = StepRunner(
                 trainer=self.trainer,
                 cpe=self.cpe,
@@ -293,6 +324,7 @@ class Workflow:
                 cuda_graphs=cfg.cuda_graphs,
                 resident=cfg.device_resident_data,
                 distributed_wrapper=self.q_net_ddp is not self.q_net,
+                chunk_source=self.disk,
             )
         return self._runner
 
@@ -316,6 +348,9 @@ class Workflow:
                 leave=False,
             )
             self._sync()
+            # All ranks start the clock together: otherwise the others' first all-reduce
+            # waits out rank 0's evaluation of the last epoch, counted as their training time.
+            ctx.barrier()
             start = time.perf_counter()
             # The hot path: no host sync per step (the bar is host-only; logging every
             # `log_every_steps` reads the loss, which is the one sync).
@@ -478,6 +513,8 @@ class Workflow:
                 log.warning(
                     "--resume: no checkpoint under %s; starting from scratch", self.output_dir
                 )
+            if self.metrics is not None:
+                self.metrics.drop_after(-1)
             return
         state = ckpt.load_checkpoint(path)
         if state["space"] != self.space.to_json():
@@ -492,6 +529,10 @@ class Workflow:
         self.history = state["history"]
         self.start_epoch = state["epoch"] + 1
         self.global_step = state["global_step"]
+        if self.metrics is not None:
+            # Records of the epochs being redone (a crash mid-epoch, or after the last
+            # checkpoint) would otherwise appear twice in metrics.jsonl and the report.
+            self.metrics.drop_after(state["epoch"])
         if self.ctx.is_rank_zero:
             log.info("resumed from %s at epoch %d", path, self.start_epoch + 1)
 
@@ -512,3 +553,5 @@ class Workflow:
     def cleanup(self) -> None:
         if self.metrics is not None:
             self.metrics.close()
+        if self.disk is not None:
+            self.disk.close()

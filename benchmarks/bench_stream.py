@@ -1,0 +1,229 @@
+"""Throughput and peak host memory of the three data placements as the table grows.
+
+    python -m benchmarks.bench_stream --rows 1e5,1e6,1e7 --modes resident,host,disk
+
+For each table size a synthetic dqn table (CartPole-shaped: 4 dense features, 2 actions,
+episodes of 20 steps, row groups of 65,536 rows) is written once under `--root`; each
+(size, mode) then runs in a fresh process — a real `Workflow` set up from a config and
+stepped by its own step runner, as `Workflow.train()` does — which reports the setup
+time, transitions/s (median of the epochs, each `--steps` steps: the disk mode's window
+loads included, as far as the background thread does not hide them) and its peak RSS
+(`ru_maxrss`), also relative to the RSS before any data was read.
+
+* `resident`: `device_resident_data: true` (the whole shard in memory / on the device).
+* `host`: `device_resident_data: false` — on CUDA chunks of the host-resident shard are
+  prefetched to the device; on the CPU this is the resident path (the host is the device).
+* `disk`: `stream_from_disk: true`, windows of `--window` rows read from the Parquet file.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+SCHEMA = pa.schema(
+    [
+        ("mdp_id", pa.int64()),
+        ("sequence_number", pa.int64()),
+        ("state_features", pa.map_(pa.string(), pa.float64())),
+        ("action", pa.string()),
+        ("reward", pa.float64()),
+        ("next_state_features", pa.map_(pa.string(), pa.float64())),
+        ("next_action", pa.string()),
+        ("possible_actions", pa.list_(pa.string())),
+        ("possible_next_actions", pa.list_(pa.string())),
+        ("action_probability", pa.float64()),
+        ("time_diff", pa.int64()),
+    ]
+)
+EPISODE = 20
+FEATURES = 4
+
+
+def _features(values: np.ndarray) -> pa.MapArray:
+    n = values.shape[0]
+    offsets = pa.array(np.arange(0, n * FEATURES + 1, FEATURES, dtype=np.int32))
+    keys = pa.array(np.tile(np.array([str(i) for i in range(FEATURES)]), n))
+    return pa.MapArray.from_arrays(offsets, keys, pa.array(values.reshape(-1)))
+
+
+def _batch(start: int, n: int, rng: np.random.Generator) -> pa.Table:
+    i = np.arange(start, start + n)
+    seq = i % EPISODE
+    last = seq == EPISODE - 1
+    state = rng.normal(size=(n, FEATURES))
+    nxt = state + rng.normal(scale=0.1, size=(n, FEATURES))
+    action = rng.integers(0, 2, n).astype(str)
+    next_action = np.where(last, "", rng.integers(0, 2, n).astype(str))
+    both = _lists(np.full(n, 2, np.int32))
+    possible_next = _lists(np.where(last, 0, 2).astype(np.int32))
+    return pa.table(
+        {
+            "mdp_id": pa.array(i // EPISODE),
+            "sequence_number": pa.array(seq),
+            "state_features": _features(state),
+            "action": pa.array(action),
+            "reward": pa.array(rng.normal(size=n)),
+            "next_state_features": _features(nxt),
+            "next_action": pa.array(next_action),
+            "possible_actions": both,
+            "possible_next_actions": possible_next,
+            "action_probability": pa.array(np.full(n, 0.5)),
+            "time_diff": pa.array(np.ones(n, np.int64)),
+        },
+        schema=SCHEMA,
+    )
+
+
+def _lists(lengths: np.ndarray) -> pa.ListArray:
+    """A list<string> column: `lengths[i]` of ["0", "1"] (0 or 2) on row i, from offsets."""
+    offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)
+    values = np.tile(np.array(["0", "1"]), int(lengths.sum()) // 2)
+    return pa.ListArray.from_arrays(pa.array(offsets), pa.array(values))
+
+
+def make_table(path: Path, rows: int, row_group: int = 65_536, seed: int = 0) -> Path:
+    """`rows` synthetic dqn transitions in `path`, written in pieces (bounded memory)."""
+    if path.exists() and pq.ParquetFile(path).metadata.num_rows == rows:
+        return path
+    path.parent.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(seed)
+    tmp = path.with_suffix(".tmp")
+    with pq.ParquetWriter(tmp, SCHEMA) as writer:
+        piece = row_group * 16
+        for start in range(0, rows, piece):
+            writer.write_table(_batch(start, min(piece, rows - start), rng), row_group)
+    tmp.rename(path)
+    return path
+
+
+def _rss_mib() -> float:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def child(args: argparse.Namespace) -> None:
+    import torch
+
+    from reagent_lite.config import DQNWorkflowConfig, config_from_dict
+    from reagent_lite.distributed.context import DistContext
+    from reagent_lite.training.loop import Workflow
+
+    cfg = config_from_dict(
+        {
+            "training_data_path": args.data,
+            "model_output_path": args.out,
+            "actions": ["0", "1"],
+            "use_gpu": args.device != "cpu",
+            "use_all_avail_gpus": False,
+            "epochs": args.epochs,
+            "checkpoint_every_epochs": 0,
+            "device_resident_data": args.mode == "resident",
+            "stream_from_disk": args.mode == "disk",
+            "stream_window_rows": args.window,
+            "training": {
+                "layers": [-1, 256, 256, -1],
+                "activations": ["relu", "relu", "linear"],
+                "minibatch_size": args.batch,
+                "steps_per_epoch": args.steps,
+            },
+            "evaluation": {"calc_cpe_in_training": False},
+        },
+        DQNWorkflowConfig,
+    )
+    wf = Workflow("dqn", cfg, DistContext.single(args.device))
+    base = _rss_mib()
+    t0 = time.perf_counter()
+    wf.setup()
+    setup_s = time.perf_counter() - t0
+    after_setup = _rss_mib()
+    runner = wf.step_runner()
+    rates = []
+    for epoch in range(args.epochs):
+        runner.begin_epoch(epoch)
+        t = time.perf_counter()
+        for _ in range(wf.steps_per_epoch):
+            runner.step()
+        if wf.device.type == "cuda":
+            torch.cuda.synchronize(wf.device)
+        rates.append(wf.steps_per_epoch * runner.step_rows / (time.perf_counter() - t))
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    out = {
+        "setup_s": setup_s,
+        "transitions_per_s": statistics.median(rates),
+        "rss_before_data_mib": base,
+        "rss_after_setup_mib": after_setup,
+        "peak_rss_mib": peak,
+        "peak_over_base_mib": peak - base,
+        "windows_loaded": wf.disk.windows_loaded if wf.disk is not None else None,
+        "data": runner.describe(),
+    }
+    wf.cleanup()
+    print("RESULT " + json.dumps(out), flush=True)
+
+
+def run_child(data: Path, mode: str, args: argparse.Namespace) -> dict[str, Any]:
+    cmd = [sys.executable, "-m", "benchmarks.bench_stream", "--child", "--data", str(data)]
+    cmd += ["--mode", mode, "--out", str(Path(args.root) / f"out_{mode}")]
+    for k in ("device", "batch", "steps", "epochs", "window"):
+        cmd += [f"--{k}", str(getattr(args, k))]
+    proc = subprocess.run(
+        cmd, capture_output=True, text=True, timeout=getattr(args, "timeout", 3600), env=os.environ
+    )
+    for line in proc.stdout.splitlines():
+        if line.startswith("RESULT "):
+            result: dict[str, Any] = json.loads(line[7:])
+            return result
+    raise RuntimeError(f"{mode} on {data} failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}")
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--rows", default="1e5,1e6", help="table sizes, comma-separated")
+    p.add_argument("--modes", default="resident,host,disk")
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--batch", type=int, default=1024)
+    p.add_argument("--steps", type=int, default=200, help="steps per epoch (all modes)")
+    p.add_argument("--epochs", type=int, default=2)
+    p.add_argument("--window", type=int, default=262_144, help="stream_window_rows")
+    p.add_argument("--root", default="/tmp/reagent_lite_bench_stream")
+    p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--data", help=argparse.SUPPRESS)
+    p.add_argument("--mode", help=argparse.SUPPRESS)
+    p.add_argument("--out", help=argparse.SUPPRESS)
+    args = p.parse_args()
+    if args.child:
+        child(args)
+        return
+    print(f"device {args.device}, batch {args.batch}, {args.steps} steps × {args.epochs} epochs, "
+          f"window {args.window:,} rows, load {os.getloadavg()[0]:.1f}", flush=True)  # fmt: skip
+    header = "| rows | mode | transitions/s | setup s | peak RSS MiB | peak − before data MiB |"
+    print(header + "\n|---|---|---|---|---|---|", flush=True)
+    for rows in (int(float(r)) for r in args.rows.split(",")):
+        t = time.perf_counter()
+        data = make_table(Path(args.root) / f"dqn_{rows}.parquet", rows)
+        made = time.perf_counter() - t
+        if made > 1:
+            print(f"(wrote {rows:,} rows in {made:.0f} s)", file=sys.stderr, flush=True)
+        for mode in args.modes.split(","):
+            r = run_child(data, mode, args)
+            print(f"| {rows:.0e} | {mode} | {r['transitions_per_s']:,.0f} | {r['setup_s']:.1f} | "
+                  f"{r['peak_rss_mib']:,.0f} | {r['peak_over_base_mib']:,.0f} |", flush=True)  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,332 @@
+"""Training data streamed from disk by Parquet row groups (`stream_from_disk: true`).
+
+For a shard larger than host memory: a rank never holds its whole shard. Its rows are split
+into units — one Parquet row group each (a row-range piece, when there are fewer row groups
+than ranks, is one unit) — whose row counts come from the Parquet footers, so the number of
+steps per epoch is known, and equal on every rank, before any row is read.
+
+Each epoch the rank visits its units in an order drawn from (seed, rank, epoch, pass),
+packs consecutive units into windows of at most `window_rows` rows (a single larger row
+group is a window of its own), loads a window through the streaming ingest (same
+validation, tensorization and in-place normalization as the resident path), shuffles the
+window's rows and hands them out in chunks of whole steps while a background thread loads
+the next window. Rows that do not fill a whole step at the end of a window are carried
+into the next one; when the epoch needs more steps than the shard holds (a shorter shard
+than the largest), a fresh pass with a new unit order follows, as `EpochSampler` wraps.
+
+The trade-off: shuffling is window-local. A minibatch only mixes rows of the few row groups
+in its window, so row groups that each hold one slice of the data (one day, one episode
+range) give batches less diverse than a full shuffle; smaller row groups and a larger
+window bring it closer to a full shuffle. Peak memory is about two windows (the one being
+trained on and the one being loaded), whatever the shard's size.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+import torch
+from torch import Tensor
+
+from reagent_lite.data import tensorize as tz
+from reagent_lite.data.ingest import (
+    DiscreteShard,
+    DiscreteShardBuilder,
+    _piece_batches,
+    _used_keys,
+)
+from reagent_lite.data.readers import (
+    ShardPiece,
+    _parquet_file,
+    _parquet_file_for_read,
+    file_format,
+    iter_parquet_rows,
+    shard_plan,
+)
+from reagent_lite.data.validate import ShardValidation, ValidationReport
+from reagent_lite.errors import DataError
+
+# Rows validated and tensorized at a time inside a row group (bounds the temporaries).
+_SLICE_ROWS = 32_768
+
+
+def stream_units(path: str, rank: int, world_size: int) -> list[ShardPiece]:
+    """This rank's shard (`shard_plan`) as units of one Parquet row group each (row-range
+    pieces stay whole), every unit with its row count from the footers."""
+    spec = shard_plan(path, world_size)[rank]
+    units: list[ShardPiece] = []
+    for p in spec.pieces:
+        if file_format(p.file) != "parquet":
+            raise DataError(
+                f"{p.file}: stream_from_disk needs Parquet files (row counts come from their "
+                "footers); convert the JSON Lines data or set stream_from_disk: false"
+            )
+        if p.kind == "rows":
+            units.append(p)
+            continue
+        md = _parquet_file(p.file).metadata
+        groups = p.row_groups if p.kind == "row_groups" else range(md.num_row_groups)
+        units += [
+            ShardPiece(p.file, "row_groups", (g,), num_rows=md.row_group(g).num_rows)
+            for g in groups
+        ]
+    return [u for u in units if u.num_rows]
+
+
+def scan_state_ids(units: Sequence[ShardPiece]) -> set[str]:
+    """The feature ids in the state column of `units`, reading only the map keys (as
+    dictionary codes: cheap) — the ids the resident path would find in the whole shard."""
+    ids: set[str] = set()
+    files: dict[Path, pq.ParquetFile] = {}
+    for unit in units:
+        pf = files.get(unit.file) or files.setdefault(unit.file, _parquet_file_for_read(unit.file))
+        names = pf.schema_arrow.names
+        col = next((c for c in tz.STATE_COLUMNS if c in names), None)
+        if col is None:
+            raise DataError(f"{unit.file}: no state column (expected one of {tz.STATE_COLUMNS})")
+        if pa.types.is_map(pf.schema_arrow.field(col).type):
+            cols = [f"{col}.key_value.key"]
+        else:
+            cols = [col]
+        try:
+            if unit.kind == "rows":
+                table = pa.Table.from_batches(
+                    list(iter_parquet_rows(pf, unit, cols)),
+                    schema=pf.schema_arrow.select([col]) if cols == [col] else None,
+                )
+            else:
+                table = pf.read_row_group(unit.row_groups[0], columns=cols)
+        except (OSError, pa.ArrowException) as e:
+            raise DataError(f"{unit.file}: cannot read Parquet data ({e})") from e
+        for chunk in table.column(0).chunks:
+            if pa.types.is_list(chunk.type) and pa.types.is_struct(chunk.type.value_type):
+                ids.update(_used_keys(pc.list_flatten(chunk).field(0)))
+            elif tz._is_listlike(chunk.type):
+                width = pc.max(pc.list_value_length(chunk)).as_py() or 0
+                ids.update(str(i) for i in range(width))
+        del table
+        # Freed read buffers stay cached by Arrow's allocator otherwise (measured: +330 MiB
+        # over 1e7 rows); the scan must not grow with the shard.
+        pa.default_memory_pool().release_unused()
+    return ids
+
+
+def load_window(
+    units: Sequence[ShardPiece],
+    actions: Sequence[str],
+    feature_ids: Sequence[str] | None,
+    *,
+    use_seq_num_diff_as_time_diff: bool,
+    drop_bad_rows: bool,
+) -> DiscreteShard:
+    """The rows of `units` as a `DiscreteShard` (raw values, NaN = absent), validated and
+    tensorized by the streaming ingest's code, columns in `feature_ids` order if given."""
+    source = str(units[0].file) if units else "table"
+    check = ShardValidation("dqn", actions=actions, source=source, drop_bad_rows=drop_bad_rows)
+    builder = DiscreteShardBuilder(
+        actions,
+        capacity=sum(u.num_rows or 0 for u in units),
+        use_seq_num_diff_as_time_diff=use_seq_num_diff_as_time_diff,
+        source=source,
+    )
+    for unit in units:
+        for batch in _piece_batches(unit):
+            for start in range(0, batch.num_rows, _SLICE_ROWS):
+                checked = check.check(batch.slice(start, _SLICE_ROWS))
+                if not check.failing:
+                    builder.add(checked)
+    if check.failing:
+        check.finish()  # raises, naming file, column and bad rows
+    report = ValidationReport(source, "dqn", rows_in=check.rows_in, rows_out=check.rows_out)
+    shard = builder.finish(report)
+    if feature_ids is not None:
+        shard.reorder(feature_ids)
+    pa.default_memory_pool().release_unused()
+    return shard
+
+
+def _rng(seed: int, rank: int, epoch: int, what: int, index: int) -> np.random.Generator:
+    """Seeded by (seed, rank, epoch) and `what` (0: unit order of pass `index`, 1: row
+    order of window `index`)."""
+    return np.random.default_rng([seed & 0xFFFFFFFF, seed >> 32, rank, epoch, what, index])
+
+
+@dataclass
+class _Window:
+    columns: dict[str, Tensor]
+    order: Tensor  # a permutation of the window's rows
+
+    def gather(self, idx: Tensor) -> dict[str, Tensor]:
+        return {k: v.index_select(0, idx) for k, v in self.columns.items()}
+
+
+class DiskShardStream:
+    """The chunks of an epoch, read from disk window by window (see the module docstring).
+
+    `prepare` turns a loaded window (`load(units)`) into training columns (normalized
+    tensors). `configure` sets the step geometry before the first epoch; `epoch_chunks`
+    then yields (columns on `device`, rows) pieces of whole steps, `rows_per_epoch` in all.
+    """
+
+    def __init__(
+        self,
+        units: Sequence[ShardPiece],
+        load: Callable[[Sequence[ShardPiece]], dict[str, Tensor]],
+        *,
+        window_rows: int,
+        seed: int,
+        rank: int,
+    ) -> None:
+        if not units:
+            raise DataError("stream_from_disk: this rank's shard has no rows")
+        self.units = list(units)
+        self.load = load
+        self.window_rows = window_rows
+        self.seed = seed
+        self.rank = rank
+        self.num_rows = sum(u.num_rows or 0 for u in self.units)
+        self.step_rows = 1
+        self.rows_per_epoch = self.num_rows
+        self.chunk_rows = window_rows
+        self.device = torch.device("cpu")
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="reagent-lite-disk")
+        self.windows_loaded = 0
+        # (epoch, its windows, the load of its first window) read ahead at an epoch's end.
+        self._ahead: tuple[int, Iterator[list[ShardPiece]], Future[_Window]] | None = None
+        self._lock = threading.Lock()
+
+    def configure(self, *, step_rows: int, steps_per_epoch: int, device: torch.device) -> None:
+        self.step_rows = step_rows
+        self.rows_per_epoch = step_rows * steps_per_epoch
+        # A chunk is at most a window's worth of whole steps (graph buffers are this size).
+        self.chunk_rows = max(step_rows, min(self.window_rows, self.rows_per_epoch))
+        self.chunk_rows -= self.chunk_rows % step_rows
+        self.device = device
+
+    def describe(self) -> str:
+        return (
+            f"streamed from disk: {len(self.units)} row groups, {self.num_rows:,} rows, "
+            f"windows of <= {self.window_rows:,} rows shuffled within, chunks of "
+            f"{self.chunk_rows:,} rows"
+        )
+
+    def windows(self, epoch: int) -> Iterator[list[ShardPiece]]:
+        """The epoch's windows of units, pass after pass (endless; the caller stops)."""
+        for pass_ in range(1 << 62):
+            order = _rng(self.seed, self.rank, epoch, 0, pass_).permutation(len(self.units))
+            window: list[ShardPiece] = []
+            rows = 0
+            for i in order:
+                unit = self.units[int(i)]
+                n = unit.num_rows or 0
+                if window and rows + n > self.window_rows:
+                    yield window
+                    window, rows = [], 0
+                window.append(unit)
+                rows += n
+            if window:
+                yield window
+
+    def _load(self, units: list[ShardPiece], epoch: int, k: int) -> _Window:
+        columns = self.load(units)
+        n = int(next(iter(columns.values())).shape[0]) if columns else 0
+        g = torch.Generator().manual_seed(
+            int(_rng(self.seed, self.rank, epoch, 1, k).integers(1 << 62))
+        )
+        with self._lock:
+            self.windows_loaded += 1
+        return _Window(columns, torch.randperm(n, generator=g))
+
+    def _start(self, epoch: int) -> tuple[Iterator[list[ShardPiece]], Future[_Window]]:
+        """The epoch's windows and the load of its first one (prefetched at the end of the
+        previous epoch when that was this one's predecessor)."""
+        ahead, self._ahead = self._ahead, None
+        if ahead is not None and ahead[0] == epoch:
+            return ahead[1], ahead[2]
+        if ahead is not None and not ahead[2].cancel():
+            with contextlib.suppress(Exception):
+                ahead[2].result()
+        windows = self.windows(epoch)
+        return windows, self._pool.submit(self._load, next(windows), epoch, 0)
+
+    def epoch_chunks(self, epoch: int) -> Iterator[tuple[dict[str, Tensor], int]]:
+        """(columns, rows) chunks of whole steps, `rows_per_epoch` rows in all. The next
+        window (after the epoch's last one: the next epoch's first) is loaded in the
+        background while the caller trains on the current one."""
+        step, need = self.step_rows, self.rows_per_epoch
+        windows, first = self._start(epoch)
+        pending: Future[_Window] | None = first
+        k = 0
+        carry: dict[str, Tensor] | None = None  # < one step of rows from the last window
+        empty_run = 0
+        try:
+            while need > 0:
+                assert pending is not None
+                win = pending.result()
+                k += 1
+                n, pos = int(win.order.numel()), 0
+                have = 0 if carry is None else int(next(iter(carry.values())).shape[0])
+                if n + have < need:
+                    pending = self._pool.submit(self._load, next(windows), epoch, k)
+                else:  # this window ends the epoch: read ahead into the next one
+                    pending = None
+                    following = self.windows(epoch + 1)
+                    self._ahead = (
+                        epoch + 1,
+                        following,
+                        self._pool.submit(self._load, next(following), epoch + 1, 0),
+                    )
+                if n == 0:
+                    empty_run += 1
+                    if empty_run > len(self.units):
+                        raise DataError("stream_from_disk: no valid rows left in the shard")
+                    continue
+                empty_run = 0
+                if carry is not None:
+                    take = min(step - have, n)
+                    head = win.gather(win.order[:take])
+                    carry = {c: torch.cat([carry[c], head[c]]) for c in carry}
+                    pos = take
+                    if have + take == step:
+                        need -= step
+                        yield self._to_device(carry), step
+                        carry = None
+                while need > 0 and n - pos >= step:
+                    rows = min(self.chunk_rows, (n - pos) // step * step, need)
+                    need -= rows
+                    yield self._to_device(win.gather(win.order[pos : pos + rows])), rows
+                    pos += rows
+                if need > 0 and pos < n:
+                    rest = win.gather(win.order[pos:])
+                    carry = (
+                        rest
+                        if carry is None
+                        else {c: torch.cat([carry[c], rest[c]]) for c in carry}
+                    )
+                del win
+        finally:
+            # Don't leave a load of this epoch running into the next one.
+            if pending is not None and not pending.cancel():
+                # The epoch is over: an error of that load shows again when it is retried.
+                with contextlib.suppress(Exception):
+                    pending.result()
+
+    def _to_device(self, columns: dict[str, Tensor]) -> dict[str, Tensor]:
+        if self.device.type == "cpu":
+            return columns
+        return {k: v.to(self.device) for k, v in columns.items()}
+
+    def close(self) -> None:
+        if self._ahead is not None:
+            self._ahead[2].cancel()
+            self._ahead = None
+        self._pool.shutdown(wait=True)

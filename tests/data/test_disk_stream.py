@@ -1,0 +1,110 @@
+"""Disk streaming (`data/disk_stream.py`): windows of row groups, every row once per pass."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import torch
+from torch import Tensor
+
+from reagent_lite.data.disk_stream import DiskShardStream, load_window, scan_state_ids, stream_units
+from reagent_lite.data.readers import ShardPiece, read_table
+from reagent_lite.errors import DataError
+from tests.data.test_ingest import ACTIONS, rows, write
+
+
+def _stream(path: Path, rank: int, world: int, window: int, seed: int = 3) -> DiskShardStream:
+    def load(units: Sequence[ShardPiece]) -> dict[str, Tensor]:
+        shard = load_window(
+            units, ACTIONS, None, use_seq_num_diff_as_time_diff=False, drop_bad_rows=False
+        )
+        return {"reward": torch.from_numpy(shard.fields["reward"])}
+
+    units = stream_units(str(path), rank, world)
+    return DiskShardStream(units, load, window_rows=window, seed=seed, rank=rank)
+
+
+def _epoch(stream: DiskShardStream, epoch: int) -> tuple[np.ndarray, list[int]]:
+    chunks = list(stream.epoch_chunks(epoch))
+    sizes = [rows for _, rows in chunks]
+    return torch.cat([c["reward"] for c, _ in chunks]).numpy(), sizes
+
+
+@pytest.mark.parametrize(("window", "step"), [(100, 32), (64, 48), (1000, 7)])
+def test_one_pass_visits_every_row_once(tmp_path: Path, window: int, step: int) -> None:
+    path = write(tmp_path / "t.parquet", rows(500), 40)  # 13 row groups, the last short
+    want = np.sort(read_table(path).column("reward").to_numpy().astype(np.float32))
+    stream = _stream(path, 0, 1, window)
+    steps = -(-500 // step)
+    stream.configure(step_rows=step, steps_per_epoch=steps, device=torch.device("cpu"))
+    got, sizes = _epoch(stream, 0)
+    assert len(got) == steps * step
+    assert all(s % step == 0 and 0 < s <= stream.chunk_rows for s in sizes)
+    # The first 500 rows are one pass: each row exactly once; the rest wraps into a new pass.
+    np.testing.assert_array_equal(np.sort(got[:500]), want)
+    assert set(got[500:]) <= set(want)
+    again, _ = _epoch(stream, 0)
+    np.testing.assert_array_equal(again, got)  # seeded: the same epoch is the same stream
+    other, _ = _epoch(stream, 1)
+    assert not np.array_equal(other, got)  # and another epoch is another order
+    np.testing.assert_array_equal(np.sort(other[:500]), want)
+    stream.close()
+
+
+def test_several_passes_when_steps_exceed_the_shard(tmp_path: Path) -> None:
+    path = write(tmp_path / "t.parquet", rows(200), 50)
+    want = np.sort(read_table(path).column("reward").to_numpy().astype(np.float32))
+    stream = _stream(path, 0, 1, 100)
+    stream.configure(step_rows=20, steps_per_epoch=30, device=torch.device("cpu"))  # 3 passes
+    got, _ = _epoch(stream, 0)
+    assert len(got) == 600
+    for p in range(3):
+        np.testing.assert_array_equal(np.sort(got[p * 200 : (p + 1) * 200]), want)
+
+
+def test_directory_of_parts_sharded_by_rank(tmp_path: Path) -> None:
+    data = rows(600)
+    table = pa.Table.from_pylist(
+        data, schema=pq.read_schema(write(tmp_path / "s.parquet", data[:1], 1))
+    )
+    parts = tmp_path / "parts"
+    parts.mkdir()
+    for i in range(3):
+        pq.write_table(
+            table.slice(i * 200, 200), parts / f"part-{i:05d}.parquet", row_group_size=64
+        )
+    want = np.sort(table.column("reward").to_numpy().astype(np.float32))
+    seen = []
+    for rank in range(2):
+        stream = _stream(parts, rank, 2, 150)
+        n = stream.num_rows
+        stream.configure(step_rows=10, steps_per_epoch=-(-n // 10), device=torch.device("cpu"))
+        got, _ = _epoch(stream, 0)
+        seen.append(got[:n])
+    np.testing.assert_array_equal(np.sort(np.concatenate(seen)), want)
+
+
+def test_scan_finds_ids_of_late_row_groups_only_from_keys(tmp_path: Path) -> None:
+    path = write(tmp_path / "t.parquet", rows(300, late_feature_at=250), 64)
+    assert scan_state_ids(stream_units(str(path), 0, 1)) == {"0", "1", "2", "3", "11"}
+
+
+def test_bad_rows_in_a_window_name_file_and_column(tmp_path: Path) -> None:
+    data = rows(100)
+    data[70]["action"] = "jump"
+    path = write(tmp_path / "t.parquet", data, 20)
+    units = stream_units(str(path), 0, 1)
+    with pytest.raises(DataError, match="action"):
+        load_window(units, ACTIONS, None, use_seq_num_diff_as_time_diff=False, drop_bad_rows=False)
+
+
+def test_json_lines_refused(tmp_path: Path) -> None:
+    path = tmp_path / "t.jsonl"
+    path.write_text('{"a": 1}\n')
+    with pytest.raises(DataError, match="Parquet"):
+        stream_units(str(path), 0, 1)
