@@ -15,7 +15,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import tempfile
 from collections.abc import Mapping
 from enum import Enum
 from itertools import pairwise
@@ -25,6 +24,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from reagent_lite.errors import DataError
+from reagent_lite.io_utils import atomic_write_text
 
 
 class FeatureType(str, Enum):
@@ -114,18 +114,8 @@ def save_normalization(
     path: str | os.PathLike[str], params: Mapping[str, NormalizationParameters]
 ) -> None:
     """Write `params` as JSON keyed by feature id; temp file + rename, so never half-written."""
-    path = Path(path)
     doc = {fid: params[fid].model_dump(mode="json") for fid in sorted_feature_ids(list(params))}
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump(doc, f, indent=2)
-            f.write("\n")
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    atomic_write_text(Path(path), json.dumps(doc, indent=2) + "\n")
 
 
 def _describe(err: ValidationError) -> str:
