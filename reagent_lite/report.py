@@ -33,6 +33,7 @@ def draw_report(run_dir: Path, output: Path | None = None) -> Path:
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
+        from matplotlib.ticker import MaxNLocator
     except ImportError as err:  # pragma: no cover - depends on the environment
         raise SystemExit("report needs matplotlib: pip install 'reagent-lite[plot]'") from err
     metrics = run_dir / "metrics.jsonl"
@@ -41,6 +42,8 @@ def draw_report(run_dir: Path, output: Path | None = None) -> Path:
     records = epoch_records(read_metrics(metrics))
     epochs = [r["epoch"] + 1 for r in records]
     fig, (ax_loss, ax_cpe) = plt.subplots(1, 2, figsize=(11, 4))
+    for ax in (ax_loss, ax_cpe):
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax_loss.plot(epochs, [r["loss"] for r in records], marker="o", label="train loss")
     if any("eval_td_loss" in r for r in records):
         ax_loss.plot(
