@@ -120,6 +120,16 @@ def scan_state_ids(units: Sequence[ShardPiece]) -> set[str]:
     return ids
 
 
+def _unit_source(unit: ShardPiece) -> str:
+    """How errors name a unit: its file and, for a piece of it, which (row numbers in the
+    messages count from that piece's first row)."""
+    if unit.kind == "row_groups":
+        return f"{unit.file} (row group {unit.row_groups[0]})"
+    if unit.kind == "rows":
+        return f"{unit.file} (rows {unit.row_start}..{unit.row_stop})"
+    return str(unit.file)
+
+
 def load_window(
     units: Sequence[ShardPiece],
     actions: Sequence[str],
@@ -129,24 +139,31 @@ def load_window(
     drop_bad_rows: bool,
 ) -> DiscreteShard:
     """The rows of `units` as a `DiscreteShard` (raw values, NaN = absent), validated and
-    tensorized by the streaming ingest's code, columns in `feature_ids` order if given."""
+    tensorized by the streaming ingest's code, columns in `feature_ids` order if given.
+    Each unit is validated on its own, so an error names the file and row group (and the
+    row within it) that holds the bad row, whatever else the window packs."""
     source = str(units[0].file) if units else "table"
-    check = ShardValidation("dqn", actions=actions, source=source, drop_bad_rows=drop_bad_rows)
     builder = DiscreteShardBuilder(
         actions,
         capacity=sum(u.num_rows or 0 for u in units),
         use_seq_num_diff_as_time_diff=use_seq_num_diff_as_time_diff,
         source=source,
     )
+    rows_in = rows_out = 0
     for unit in units:
+        label = _unit_source(unit)
+        check = ShardValidation("dqn", actions=actions, source=label, drop_bad_rows=drop_bad_rows)
+        builder.source = label
         for batch in _piece_batches(unit):
             for start in range(0, batch.num_rows, _SLICE_ROWS):
                 checked = check.check(batch.slice(start, _SLICE_ROWS))
                 if not check.failing:
                     builder.add(checked)
-    if check.failing:
-        check.finish()  # raises, naming file, column and bad rows
-    report = ValidationReport(source, "dqn", rows_in=check.rows_in, rows_out=check.rows_out)
+        if check.failing:
+            check.finish()  # raises, naming file, row group, column and bad rows
+        rows_in, rows_out = rows_in + check.rows_in, rows_out + check.rows_out
+    builder.source = source
+    report = ValidationReport(source, "dqn", rows_in=rows_in, rows_out=rows_out)
     shard = builder.finish(report)
     if feature_ids is not None:
         shard.reorder(feature_ids)

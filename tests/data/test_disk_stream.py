@@ -108,3 +108,23 @@ def test_json_lines_refused(tmp_path: Path) -> None:
     path.write_text('{"a": 1}\n')
     with pytest.raises(DataError, match="Parquet"):
         stream_units(str(path), 0, 1)
+
+
+def test_bad_row_in_a_later_file_of_the_window_names_that_file(tmp_path: Path) -> None:
+    # A window packs units of several part files: the error must name the file (and row
+    # group) holding the bad row, not the window's first file.
+    data = rows(120)
+    data[100]["action"] = "jump"  # in the second file, its second row group
+    schema = pq.read_schema(write(tmp_path / "s.parquet", data[:1], 1))
+    parts = tmp_path / "parts"
+    parts.mkdir()
+    for i in range(2):
+        table = pa.Table.from_pylist(data[i * 60 : (i + 1) * 60], schema=schema)
+        pq.write_table(table, parts / f"part-{i:05d}.parquet", row_group_size=30)
+    units = stream_units(str(parts), 0, 1)
+    assert units[0].file.name == "part-00000.parquet"
+    with pytest.raises(DataError) as err:
+        load_window(units, ACTIONS, None, use_seq_num_diff_as_time_diff=False, drop_bad_rows=False)
+    message = str(err.value)
+    assert "part-00001.parquet" in message and "part-00000" not in message, message
+    assert "row group 1" in message and "row 10" in message, message
