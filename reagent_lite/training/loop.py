@@ -493,7 +493,11 @@ class Workflow:
                 **(trainer := self.trainer.state_dict()),
                 "optimizer": plain_lr(trainer["optimizer"]),
             },
-            "cpe": self.cpe.state_dict() if self.cpe is not None else None,
+            "cpe": (
+                {**(cpe := self.cpe.state_dict()), "optimizer": plain_lr(cpe["optimizer"])}
+                if self.cpe is not None
+                else None
+            ),
             # The sampler's index stream is a pure function of (seed, rank, epoch): resuming
             # at the next epoch boundary needs nothing more than the epoch number.
             "best": self.best,

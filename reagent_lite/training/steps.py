@@ -205,10 +205,14 @@ def _make_capturable(opt: torch.optim.Optimizer, device: torch.device, lr_tensor
 
 
 def plain_lr(optimizer_state: dict[str, Any]) -> dict[str, Any]:
-    """An optimizer state_dict with tensor learning rates turned into floats (portable)."""
+    """An optimizer state_dict made portable for checkpoints: tensor learning rates become
+    floats and `capturable` is cleared, so the checkpoint resumes on CPU or without graphs
+    too (a graph-capturing run makes its optimizer capturable again before capture)."""
     for group in optimizer_state.get("param_groups", []):
         if isinstance(group.get("lr"), Tensor):
             group["lr"] = float(group["lr"])
+        if group.get("capturable"):
+            group["capturable"] = False
     return optimizer_state
 
 

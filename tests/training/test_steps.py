@@ -241,3 +241,27 @@ def test_explicit_grad_all_reduce_equals_ddp(tmp_path: Path) -> None:
     torch.testing.assert_close(explicit, ddp, rtol=1e-6, atol=1e-7)
     # Replicas identical on both paths.
     assert torch.equal(ranks[1][0], ddp) and torch.equal(ranks[1][1], explicit)
+
+
+def test_checkpointed_optimizer_state_resumes_without_graphs() -> None:
+    """A graph run's optimizer (capturable, tensor lr) must load into a plain CPU Adam."""
+    from reagent_lite.training.steps import plain_lr
+
+    net = torch.nn.Linear(3, 2)
+    captured = torch.optim.Adam(net.parameters(), lr=1e-3)
+    net(torch.ones(1, 3)).sum().backward()
+    captured.step()
+    for group in captured.param_groups:
+        group["capturable"] = True
+        group["lr"] = torch.tensor(5e-4)
+    state = plain_lr(captured.state_dict())
+    assert state["param_groups"][0]["capturable"] is False
+    assert state["param_groups"][0]["lr"] == pytest.approx(5e-4)
+    assert captured.param_groups[0]["capturable"] is True  # the live optimizer is untouched
+
+    fresh_net = torch.nn.Linear(3, 2)
+    fresh = torch.optim.Adam(fresh_net.parameters(), lr=1e-3)
+    fresh.load_state_dict(state)
+    fresh_net(torch.ones(1, 3)).sum().backward()
+    fresh.step()  # raises on CPU if the state were still capturable
+    assert fresh.param_groups[0]["lr"] == pytest.approx(5e-4)
