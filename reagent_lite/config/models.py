@@ -375,8 +375,8 @@ class BaseWorkflowConfig(_Model):
         default=1_000_000,
         ge=1,
         description="With stream_from_disk: rows per window (whole row groups are packed up "
-        "to this; a larger row group is a window alone). Host memory is about two windows "
-        "of training tensors; larger windows shuffle more globally.",
+        "to this; a larger row group is a window alone). Host memory is at most about three "
+        "windows of training tensors; larger windows shuffle more globally.",
     )
     cuda_graphs: bool = Field(
         default=True, description="Capture the training step in a CUDA graph when on GPU."

@@ -17,8 +17,9 @@ than the largest), a fresh pass with a new unit order follows, as `EpochSampler`
 The trade-off: shuffling is window-local. A minibatch only mixes rows of the few row groups
 in its window, so row groups that each hold one slice of the data (one day, one episode
 range) give batches less diverse than a full shuffle; smaller row groups and a larger
-window bring it closer to a full shuffle. Peak memory is about two windows (the one being
-trained on and the one being loaded), whatever the shard's size.
+window bring it closer to a full shuffle. Peak memory is at most about three windows (the
+one being trained on, the next one being loaded, and the chunk gathered from the current
+one), whatever the shard's size.
 """
 
 from __future__ import annotations
