@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
-# Sets up .venv if needed, then trains the shipped CartPole DQN sample config end to end:
-# it generates its own logged data, trains, evaluates (CPE + online), exports the model.
+# Sets up .venv if needed, then trains a shipped sample config end to end (default: the
+# CartPole DQN one): it generates its own logged data, trains, evaluates (CPE + online),
+# exports the model and draws report.png. Usage: bash scripts/run_sample.sh [config.json]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/bootstrap.sh
 config=${1:-sample_configs/discrete_action/cartpole_dqn.json}
-exec .venv/bin/python -m workflows.dqn_workflow --config "$config"
+# The config's "workflow" key picks the entry point (dqn when absent).
+workflow=$(.venv/bin/python -c 'import json, sys; print(json.load(open(sys.argv[1])).get("workflow", "dqn"))' "$config")
+exec .venv/bin/python -m "workflows.${workflow}_workflow" --config "$config"
