@@ -66,12 +66,12 @@ def sample_data(kind: str, root: Path) -> Path:
     return out
 
 
-def workflow(kind: str, data: Path, out: Path, device: str, batch: int, **extra: Any) -> Workflow:
-    """A real workflow, set up (data read, normalized, moved to the device, nets built)."""
+def bench_config(kind: str, data: Path, out: Path, batch: int, **extra: Any) -> dict[str, Any]:
+    """The reference task's config (Double DQN, MLP 256×256, Adam, soft targets); `extra`
+    overrides top-level keys, `steps_per_epoch` goes into `training`, `cpe` switches CPE."""
     cfg: dict[str, Any] = {
         "training_data_path": str(data / "train.parquet"),
         "model_output_path": str(out),
-        "use_gpu": device != "cpu",
         "use_all_avail_gpus": False,
         "epochs": 1,
         "seed": 0,
@@ -84,13 +84,20 @@ def workflow(kind: str, data: Path, out: Path, device: str, batch: int, **extra:
             "minibatch_size": batch,
             "learning_rate": LR,
             "optimizer": "adam",
+            "steps_per_epoch": extra.pop("steps_per_epoch", None),
         },
         "evaluation": {"calc_cpe_in_training": extra.pop("cpe", False)},
         **extra,
     }
-    cls: Any = DQNWorkflowConfig if kind == "dqn" else ParametricDQNWorkflowConfig
     if kind == "dqn":
         cfg["actions"] = ["0", "1"]
+    return cfg
+
+
+def workflow(kind: str, data: Path, out: Path, device: str, batch: int, **extra: Any) -> Workflow:
+    """A real workflow, set up (data read, normalized, moved to the device, nets built)."""
+    cfg = bench_config(kind, data, out, batch, use_gpu=device != "cpu", **extra)
+    cls: Any = DQNWorkflowConfig if kind == "dqn" else ParametricDQNWorkflowConfig
     wf = Workflow(kind if kind == "dqn" else "parametric_dqn", config_from_dict(cfg, cls),
                   DistContext.single(device))  # fmt: skip
     wf.setup()

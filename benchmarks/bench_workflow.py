@@ -22,34 +22,21 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.bench_train import GAMMA, LR, TAU, sample_data
+from benchmarks.bench_train import bench_config, sample_data
 
 
 def run_one(kind: str, data: Path, out: Path, batch: int, graphs: bool, **extra: Any) -> dict:
-    cfg: dict[str, Any] = {
-        "training_data_path": str(data / "train.parquet"),
-        "model_output_path": str(out),
-        "use_gpu": True,
-        "use_all_avail_gpus": True,
-        "epochs": extra.pop("epochs", 5),
-        "seed": 0,
-        "cuda_graphs": graphs,
-        "checkpoint_every_epochs": 0,
-        "rl": {"gamma": GAMMA, "target_update_rate": TAU},
-        "rainbow": {"double_q_learning": True},
-        "training": {
-            "layers": [-1, 256, 256, -1],
-            "activations": ["relu", "relu", "linear"],
-            "minibatch_size": batch,
-            "learning_rate": LR,
-            "optimizer": "adam",
-            "steps_per_epoch": extra.pop("steps_per_epoch", None),
-        },
-        "evaluation": {"calc_cpe_in_training": extra.pop("cpe", False)},
+    cfg = bench_config(
+        kind,
+        data,
+        out,
+        batch,
+        use_gpu=True,
+        use_all_avail_gpus=True,
+        epochs=extra.pop("epochs", 5),
+        cuda_graphs=graphs,
         **extra,
-    }
-    if kind == "dqn":
-        cfg["actions"] = ["0", "1"]
+    )
     out.mkdir(parents=True, exist_ok=True)
     path = out.parent / f"{out.name}.json"
     path.write_text(json.dumps(cfg, indent=1))
