@@ -14,6 +14,7 @@ import torch
 from torch import nn
 
 from reagent_lite.errors import ConfigError
+from reagent_lite.models.fused import fusable_here, fused_mlp
 
 _ACTIVATIONS: dict[str, Callable[[], nn.Module]] = {
     "relu": nn.ReLU,
@@ -106,6 +107,11 @@ class MLP(nn.Module):
                 parts.append(nn.Dropout(dropout_ratio))
             tails.append(parts[0] if len(parts) == 1 else nn.Sequential(*parts))
         self.tails = nn.ModuleList(tails)
+        # ReLU-or-linear after every layer and nothing else: the CPU fast path applies
+        # (`models.fused`); None otherwise.
+        self._relu: tuple[bool, ...] | None = None
+        if all(isinstance(t, (nn.ReLU, nn.Identity)) for t in tails):
+            self._relu = tuple(isinstance(t, nn.ReLU) for t in tails)
 
     def linear(self, index: int) -> nn.Linear:
         """The `index`-th linear layer, typed (ModuleList indexing gives a bare Module)."""
@@ -113,13 +119,32 @@ class MLP(nn.Module):
         assert isinstance(layer, nn.Linear)
         return layer
 
+    def _fused(self, x: torch.Tensor, start: int) -> torch.Tensor | None:
+        """Layers `start:` by the CPU fast path (`models.fused`) when it applies, else None."""
+        if self._relu is None or not fusable_here(x):
+            return None
+        layers = [self.linear(i) for i in range(start, len(self.linears))]
+        return fused_mlp(
+            x,
+            [layer.weight for layer in layers],
+            [layer.bias for layer in layers],
+            self._relu[start:],
+            pre_relu=start > 0 and self._relu[start - 1],
+        )
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        fast = self._fused(x, 0)
+        if fast is not None:
+            return fast
         for linear, tail in zip(self.linears, self.tails, strict=True):
             x = tail(linear(x))
         return x
 
     def forward_after_first(self, h: torch.Tensor) -> torch.Tensor:
         """Finish the forward pass from the pre-activation output `h` of the first layer."""
+        fast = self._fused(h, 1) if len(self.linears) > 1 else None
+        if fast is not None:
+            return fast
         x = self.tails[0](h)
         for linear, tail in zip(self.linears[1:], self.tails[1:], strict=True):
             x = tail(linear(x))

@@ -103,10 +103,9 @@ class DQNTrainer(QLearningTrainer[DiscreteBatch]):
             return batch.reward
         return batch.reward + self.reward_boost[batch.action]
 
-    def _q_logged(self, batch: DiscreteBatch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def _q_logged(self, batch: DiscreteBatch) -> tuple[torch.Tensor, torch.Tensor]:
         q_all = self.q_net(batch.state)
-        q = q_all.gather(1, batch.action.unsqueeze(1)).squeeze(1)
-        return q, q_all, batch.possible_actions_mask
+        return q_all.gather(1, batch.action.unsqueeze(1)).squeeze(1), q_all
 
     def _next_value(self, batch: DiscreteBatch) -> torch.Tensor:
         target_q = self.target(batch.next_state)

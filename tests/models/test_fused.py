@@ -1,0 +1,129 @@
+"""The CPU fast path of ReLU MLPs (`models.fused`) against the same layers run one by one."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from reagent_lite.models import MLP, DuelingQNetwork, ParametricQNetwork, build_q_network
+
+
+def reference(net: MLP, x: torch.Tensor, *, start: int = 0) -> torch.Tensor:
+    """The layers of `net` from `start`, module by module (`start > 0`: x is layer
+    start-1's pre-activation, as `forward_after_first` takes it)."""
+    if start:
+        x = net.tails[start - 1](x)
+    for i in range(start, len(net.linears)):
+        layer = net.linear(i)
+        x = net.tails[i](F.linear(x, layer.weight, layer.bias))
+    return x
+
+
+def grads(module: nn.Module) -> list[torch.Tensor]:
+    return [p.grad.clone() for p in module.parameters() if p.grad is not None]
+
+
+def fused_node(out: torch.Tensor) -> bool:
+    return out.grad_fn is not None and "_FusedMLP" in out.grad_fn.name()
+
+
+@pytest.mark.parametrize(
+    ("layers", "acts"),
+    [
+        ([-1, 256, 256, -1], ["relu", "relu", "linear"]),
+        ([-1, 8, -1], ["relu", "relu"]),  # ReLU on the output too
+        ([-1, 16, -1], ["linear", "linear"]),  # no ReLU at all
+    ],
+)
+def test_outputs_and_gradients_match_the_layer_by_layer_path(layers, acts) -> None:
+    torch.manual_seed(0)
+    net = build_q_network(in_dim=4, n_actions=3, layers=layers, activations=acts)
+    assert isinstance(net, MLP)
+    x = torch.randn(257, 4, requires_grad=True)
+    out = net(x)
+    assert fused_node(out)
+    (out.square() * torch.arange(out.shape[1])).sum().backward()
+    fused_grads, fused_x = grads(net), x.grad.clone()
+    net.zero_grad(set_to_none=True)
+    x.grad = None
+    ref = reference(net, x)
+    (ref.square() * torch.arange(ref.shape[1])).sum().backward()
+    torch.testing.assert_close(out, ref, rtol=1e-6, atol=1e-6)
+    for a, b in zip(fused_grads, grads(net), strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(fused_x, x.grad, rtol=1e-5, atol=1e-6)
+
+
+def test_no_input_gradient_is_computed_when_none_is_needed() -> None:
+    net = build_q_network(
+        in_dim=4, n_actions=2, layers=[-1, 32, -1], activations=["relu", "linear"]
+    )
+    x = torch.randn(64, 4)
+    net(x).sum().backward()
+    assert x.grad is None
+    assert all(p.grad is not None for p in net.parameters())
+
+
+def test_grad_free_forward_equals_the_reference() -> None:
+    net = build_q_network(
+        in_dim=4, n_actions=2, layers=[-1, 64, 64, -1], activations=["relu"] * 2 + ["linear"]
+    )
+    x = torch.randn(100, 4)
+    with torch.no_grad():
+        out = net(x)
+        assert out.grad_fn is None
+        torch.testing.assert_close(out, reference(net, x), rtol=1e-6, atol=1e-6)
+
+
+def test_parametric_split_first_layer_uses_the_fast_path_and_matches() -> None:
+    torch.manual_seed(1)
+    net = ParametricQNetwork(5, 3)
+    state, actions = torch.randn(32, 5), torch.randn(32, 7, 3)
+    out = net(state, actions)
+    out.sum().backward()
+    fast = grads(net)
+    net.zero_grad(set_to_none=True)
+    # The same scores from the concatenated input, layer by layer.
+    pairs = torch.cat([state.unsqueeze(1).expand(-1, 7, -1), actions], dim=-1)
+    ref = reference(net.mlp, pairs).squeeze(-1)
+    ref.sum().backward()
+    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+    for a, b in zip(fast, grads(net), strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+
+
+def test_dueling_trunk_is_fused() -> None:
+    net = build_q_network(
+        in_dim=4, n_actions=3, layers=[-1, 16, 16, -1], activations=["relu"] * 2 + ["linear"],
+        dueling=True,
+    )  # fmt: skip
+    assert isinstance(net, DuelingQNetwork) and isinstance(net.trunk, MLP)
+    assert fused_node(net.trunk(torch.randn(5, 4)))
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"activations": ["tanh", "linear"]},
+        {"activations": ["relu", "linear"], "dropout_ratio": 0.1},
+        {"activations": ["relu", "linear"], "layer_norm": True},
+    ],
+)
+def test_other_layer_stacks_keep_the_module_path(kwargs) -> None:
+    net = build_q_network(in_dim=3, n_actions=2, layers=[-1, 8, -1], **kwargs)
+    out = net(torch.randn(4, 3))
+    assert out.grad_fn is not None and not fused_node(out)
+
+
+def test_export_traces_the_plain_layers() -> None:
+    net = build_q_network(
+        in_dim=4, n_actions=2, layers=[-1, 16, -1], activations=["relu", "linear"]
+    )
+    x = torch.randn(6, 4)
+    program = torch.export.export(net.eval(), (x,))
+    graph = str(program.graph)
+    assert "_FusedMLP" not in graph and "linear" in graph
+    with torch.no_grad():
+        torch.testing.assert_close(program.module()(x), reference(net, x))
