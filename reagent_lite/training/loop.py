@@ -308,7 +308,9 @@ class Workflow:
                 self.disk.configure(
                     step_rows=self.sampler.batch_size * cfg.training.minibatches_per_step,
                     steps_per_epoch=self.steps_per_epoch,
-                    device=self.device,
+                    # Host chunks: the runner's prefetcher moves them to a GPU (pinned
+                    # buffers, side stream) while the previous chunk trains.
+                    device=torch.device("cpu"),
                 )
             self._runner = StepRunner(
                 trainer=self.trainer,
@@ -557,5 +559,7 @@ class Workflow:
     def cleanup(self) -> None:
         if self.metrics is not None:
             self.metrics.close()
+        if self._runner is not None:
+            self._runner.close()  # a stream left open by an error: stop its worker first
         if self.disk is not None:
             self.disk.close()

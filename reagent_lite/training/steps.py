@@ -24,21 +24,26 @@ time out on, so a dead peer still ends the job within `collective_timeout_s`. CP
 runs never capture and keep the plain DDP path.
 
 Data placement:
-* resident (`device_resident_data: true`, or any CPU run): the shard lives on the device;
-* streamed (`device_resident_data: false` on CUDA): the shard stays in host memory; a
-  background thread gathers the rows of the next chunk of steps (in epoch order) into
-  pinned buffers and copies them to the device on a side stream while the GPU trains on
-  the current chunk (`HostChunkStream`). Device memory holds a few chunks, not the shard.
+* resident (`device_resident_data: true`, or a CPU run not streaming from disk): the shard
+  lives on the device; steps gather their rows from it;
+* streamed from host (`device_resident_data: false` on CUDA): the shard stays in host
+  memory; chunks of whole steps (in epoch order) are gathered by a worker thread straight
+  into pinned buffers and copied to the device on a side stream while the GPU trains on
+  the current chunk (`prefetch.ChunkPrefetcher.gathered`);
+* streamed from disk (`stream_from_disk: true`): `DiskShardStream` yields host chunks
+  (a shuffled window's rows); the same prefetcher cuts them to at most `chunk_rows` rows
+  and, on CUDA, copies them through the same pinned buffers and side stream
+  (`ChunkPrefetcher.ready`); on the CPU the chunks are used where they are.
+Either way device memory holds at most two chunks (plus, with a graph, the static chunk
+the graph reads, which each chunk is copied into), not the shard.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
-import queue
-import threading
 import traceback
-from collections.abc import Iterator, Mapping
+from collections.abc import Generator, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -48,6 +53,7 @@ from torch import Tensor, nn
 from torch.nn.parallel import DistributedDataParallel
 
 from reagent_lite.data.sampler import EpochSampler
+from reagent_lite.training.prefetch import Chunk, ChunkPrefetcher
 from reagent_lite.training.tensordict import TensorDict
 
 log = logging.getLogger("reagent_lite")
@@ -103,84 +109,6 @@ class LazyBatch:
 def training_columns(data: TensorDict) -> dict[str, Tensor]:
     """The shard's columns that training steps may read (no copies)."""
     return {k: v for k, v in data.items() if k not in EVAL_ONLY_FIELDS}
-
-
-class HostChunkStream:
-    """Chunks of an epoch's rows, gathered on the host and prefetched to the device.
-
-    A worker thread gathers chunk c+1 into a pinned buffer and copies it to the device on
-    a side stream (`non_blocking`) while the caller trains on chunk c; the caller's stream
-    waits on the copy's event before using it. Two pinned buffers rotate; the worker waits
-    for a buffer's last copy to finish before refilling it."""
-
-    def __init__(self, columns: Mapping[str, Tensor], device: torch.device, chunk_rows: int):
-        self.columns = {k: v.contiguous() for k, v in columns.items()}
-        self.device = device
-        self.chunk_rows = chunk_rows
-        self._side = torch.cuda.Stream(device)
-        self._pinned = [
-            {
-                k: torch.empty((chunk_rows, *v.shape[1:]), dtype=v.dtype).pin_memory()
-                for k, v in self.columns.items()
-            }
-            for _ in range(2)
-        ]
-        self._copied: list[torch.cuda.Event | None] = [None, None]
-
-    def chunks(self, order: Tensor) -> Iterator[tuple[dict[str, Tensor], int]]:
-        """Yields (device columns, rows) for consecutive pieces of `order` (host indices)."""
-        out: queue.Queue[Any] = queue.Queue(maxsize=1)
-        stop = threading.Event()
-
-        def work() -> None:
-            try:
-                for n, start in enumerate(range(0, order.numel(), self.chunk_rows)):
-                    if stop.is_set():
-                        return
-                    idx = order[start : start + self.chunk_rows]
-                    rows = idx.numel()
-                    slot = n % 2
-                    done = self._copied[slot]
-                    if done is not None:
-                        done.synchronize()  # the pinned buffer's last copy has landed
-                    pinned = self._pinned[slot]
-                    dev: dict[str, Tensor] = {}
-                    with torch.cuda.stream(self._side):
-                        for k, col in self.columns.items():
-                            buf = pinned[k][:rows]
-                            torch.index_select(col, 0, idx, out=buf)
-                            dev[k] = buf.to(self.device, non_blocking=True)
-                        event = torch.cuda.Event()
-                        event.record(self._side)
-                    self._copied[slot] = event
-                    out.put((dev, rows, event))
-                out.put(None)
-            except BaseException as err:  # surfaced in the consumer
-                out.put(err)
-
-        worker = threading.Thread(target=work, name="reagent-lite-prefetch", daemon=True)
-        worker.start()
-        try:
-            while True:
-                item = out.get()
-                if item is None:
-                    return
-                if isinstance(item, BaseException):
-                    raise item
-                dev, rows, event = item
-                current = torch.cuda.current_stream(self.device)
-                current.wait_event(event)
-                for t in dev.values():
-                    # Allocated on the side stream, used on this one: keep the allocator
-                    # from handing the memory back to the side stream too early.
-                    t.record_stream(current)
-                yield dev, rows
-        finally:
-            stop.set()
-            while worker.is_alive():
-                with contextlib.suppress(queue.Empty):
-                    out.get(timeout=0.1)
-            worker.join()
 
 
 def _adam_family(opt: torch.optim.Optimizer) -> bool:
@@ -325,7 +253,7 @@ class StepRunner:
         self.step_rows = minibatch_size * minibatches_per_step
         self.columns = training_columns(data)
         # `chunk_source` (stream_from_disk: `data.disk_stream.DiskShardStream`) hands out
-        # each epoch's chunks itself, on any device; `data` is then only a column template.
+        # each epoch's chunks itself, in host memory; `data` is then only a column template.
         self._disk = chunk_source
         self.streamed = (device.type == "cuda" and not resident) or chunk_source is not None
         self.loss_sum = torch.zeros((), device=device)
@@ -341,16 +269,18 @@ class StepRunner:
             self._why_eager = self._graph_blocker(distributed_wrapper)
             self._want_graph = not self._why_eager
         self._eager_indices: Iterator[Tensor] | None = None
-        self._chunks: Iterator[tuple[dict[str, Tensor], int]] | None = None
+        self._chunks: Generator[Chunk, None, None] | None = None
         self._chunk: dict[str, Tensor] = {}
         self._chunk_steps = 0
         self._chunk_pos = 0
-        if chunk_source is not None:
-            self.chunk_rows = chunk_source.chunk_rows
-        elif self.streamed:
+        if self.streamed:
             steps = max(1, (chunk_rows or DEFAULT_CHUNK_ROWS) // self.step_rows)
             self.chunk_rows = steps * self.step_rows
-            self._host = HostChunkStream(self.columns, device, self.chunk_rows)
+            if chunk_source is not None:
+                # Its chunks (whole steps, up to a window's worth) are cut to this size on
+                # the way to the device: device and pinned memory don't grow with windows.
+                self.chunk_rows = min(self.chunk_rows, chunk_source.chunk_rows)
+            self._prefetch = ChunkPrefetcher(self.columns, device, self.chunk_rows)
         # Graph inputs: the epoch's index stream [steps, rows per step] (or, streamed, an
         # arange over the static chunk) and the step counter, both on the device.
         self._pos = torch.zeros(1, dtype=torch.int64, device=device)
@@ -376,13 +306,15 @@ class StepRunner:
         return ""
 
     def describe(self) -> str:
-        data = (
-            self._disk.describe()
-            if self._disk is not None
-            else f"streamed from host in chunks of {self.chunk_rows} rows"
-            if self.streamed
-            else ("resident on " + str(self.device))
-        )
+        if self._disk is not None:
+            data = self._disk.describe()
+        else:
+            data = "streamed from host" if self.streamed else f"resident on {self.device}"
+        if self.streamed and self._prefetch.cuda:
+            data += (
+                f"; chunks of {self.chunk_rows} rows copied to {self.device} from pinned "
+                "buffers on a side stream while the previous chunk trains"
+            )
         mode = "one CUDA graph per step" if self.mode == "graph" else "eager"
         if self.mode == "graph" and self.graph_world:
             mode += f" (gradients all-reduced inside the graph over {self.graph_world} ranks)"
@@ -393,12 +325,13 @@ class StepRunner:
     def begin_epoch(self, epoch: int) -> None:
         self.sampler.set_epoch(epoch)
         self.loss_sum.zero_()
-        if self._disk is not None:
-            self._chunks = self._disk.epoch_chunks(epoch)
-            self._chunk_steps = self._chunk_pos = 0
-        elif self.streamed:
-            order = self.sampler.epoch_indices(epoch).cpu()
-            self._chunks = self._host.chunks(order)
+        if self.streamed:
+            self.close()  # the last epoch's stream: its worker is gone before a new one starts
+            if self._disk is not None:
+                self._chunks = self._prefetch.ready(self._disk.epoch_chunks(epoch))
+            else:
+                order = self.sampler.epoch_indices(epoch).cpu()
+                self._chunks = self._prefetch.gathered(self.columns, order)
             self._chunk_steps = self._chunk_pos = 0
         elif self._want_graph or self.mode == "graph":
             stream = self.sampler.epoch_indices(epoch).view(self.steps_per_epoch, self.step_rows)
@@ -414,6 +347,12 @@ class StepRunner:
             self.loss_sum.zero_()
         if self.mode == "graph" and self.trainer.optimizer.param_groups:
             self._sync_lr()
+
+    def close(self) -> None:
+        """Ends the epoch's chunk stream, if any (joins its worker thread); idempotent."""
+        chunks, self._chunks, self._chunk = self._chunks, None, {}
+        if chunks is not None:
+            chunks.close()
 
     def _sync_lr(self) -> None:
         """The scheduler may have put a float where the graph reads a tensor: copy it back."""
@@ -462,6 +401,7 @@ class StepRunner:
         if self._chunk_pos < self._chunk_steps:
             return
         assert self._chunks is not None
+        self._chunk = {}  # done with it: the prefetcher may stage the chunk after the next
         chunk, rows = next(self._chunks)
         self._chunk_steps, self._chunk_pos = rows // self.step_rows, 0
         if self.mode == "graph":

@@ -1,0 +1,196 @@
+"""Chunks of training rows moved to the training device ahead of the step that reads them.
+
+Both streamed data paths of `StepRunner` end here: rows gathered from a shard held in host
+memory (`device_resident_data: false`, `ChunkPrefetcher.gathered`) and chunks read from
+disk (`stream_from_disk: true`, `ChunkPrefetcher.ready`). A worker thread prepares chunk
+c+1 while the training thread trains on chunk c. On CUDA it writes the rows into one of two
+pinned host buffers (sized to `chunk_rows`, sliced for a shorter chunk) and copies them to
+the device on a side stream (`non_blocking`); the training thread's stream waits on the
+copy's event before reading, and `record_stream` keeps the caching allocator from handing
+the chunk's memory back to the side stream while the training stream may still read it.
+At most two chunks are alive (the one trained on, the one staged), so device and pinned
+memory stay bounded whatever the shard's size.
+
+On the CPU there is nothing to copy, and a chunk prepared ahead would cost host memory —
+what disk streaming exists to save — for a gather that is a small part of a CPU step: no
+chunk is prepared ahead, but chunks still pass through the worker, so errors, order and
+shutdown behave as on CUDA.
+
+An error raised while preparing a chunk (a `DataError` for bad rows in a window) is raised
+again, the same object, in the training thread. Closing the stream (end of epoch, an error
+in training) stops the worker and joins it, waiting at most `_JOIN_S` seconds.
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+import logging
+import queue
+import threading
+from collections.abc import Callable, Generator, Iterator, Mapping
+from typing import Any
+
+import torch
+from torch import Tensor
+
+log = logging.getLogger("reagent_lite")
+
+# (columns, rows): what the prefetcher yields and what `ready` takes.
+Chunk = tuple[dict[str, Tensor], int]
+# Prepares one chunk's host columns: written into the given buffers (pinned slices of the
+# chunk's size) or, given None (nothing to copy), in whatever host memory suits.
+Fill = Callable[[Mapping[str, Tensor] | None], dict[str, Tensor]]
+# How long closing a stream waits for a worker busy preparing a chunk (reading a window).
+_JOIN_S = 60.0
+_END = object()
+
+
+def _gather(
+    columns: Mapping[str, Tensor], idx: Tensor, out: Mapping[str, Tensor] | None
+) -> dict[str, Tensor]:
+    if out is None:
+        return {k: v.index_select(0, idx) for k, v in columns.items()}
+    return {k: torch.index_select(v, 0, idx, out=out[k]) for k, v in columns.items()}
+
+
+def _place(columns: dict[str, Tensor], out: Mapping[str, Tensor] | None) -> dict[str, Tensor]:
+    if out is None:
+        return columns
+    return {k: out[k].copy_(v) for k, v in columns.items()}
+
+
+class ChunkPrefetcher:
+    """Streams chunks of at most `chunk_rows` rows to `device`, one at a time per stream
+    (the pinned buffers are shared). `template` gives the columns' names, dtypes and row
+    shapes; `ahead` is how many chunks are prepared ahead of the one trained on (default:
+    1 on CUDA, 0 on the CPU — see the module notes)."""
+
+    def __init__(
+        self,
+        template: Mapping[str, Tensor],
+        device: torch.device,
+        chunk_rows: int,
+        *,
+        ahead: int | None = None,
+    ) -> None:
+        self.device = device
+        self.chunk_rows = chunk_rows
+        self.cuda = device.type == "cuda"
+        self.ahead = (1 if self.cuda else 0) if ahead is None else ahead
+        self._pinned: list[dict[str, Tensor]] = []
+        self._copied: list[torch.cuda.Event | None] = [None, None]
+        if self.cuda:
+            self._side = torch.cuda.Stream(device)
+            self._pinned = [
+                {
+                    k: torch.empty((chunk_rows, *v.shape[1:]), dtype=v.dtype, pin_memory=True)
+                    for k, v in template.items()
+                }
+                for _ in range(2)
+            ]
+
+    def gathered(
+        self, columns: Mapping[str, Tensor], order: Tensor
+    ) -> Generator[Chunk, None, None]:
+        """Rows `order` (host indices) of the host `columns`, `chunk_rows` at a time."""
+
+        def pieces() -> Generator[tuple[int, Fill], None, None]:
+            for idx in order.split(self.chunk_rows):
+                yield idx.numel(), functools.partial(_gather, columns, idx)
+
+        return self._stream(pieces())
+
+    def ready(self, chunks: Iterator[Chunk]) -> Generator[Chunk, None, None]:
+        """The host `chunks`, in order, a chunk longer than `chunk_rows` cut into views of
+        at most that many rows (whole steps, when both sizes are whole steps). `chunks` is
+        advanced, and closed, by the worker."""
+
+        def pieces() -> Generator[tuple[int, Fill], None, None]:
+            try:
+                for columns, rows in chunks:
+                    for start in range(0, rows, self.chunk_rows):
+                        n = min(self.chunk_rows, rows - start)
+                        part = {k: v[start : start + n] for k, v in columns.items()}
+                        yield n, functools.partial(_place, part)
+                        del part
+                    del columns  # not held while the source prepares the next chunk
+            finally:
+                close = getattr(chunks, "close", None)
+                if close is not None:
+                    close()  # e.g. the disk stream's generator: cancels its pending read
+
+        return self._stream(pieces())
+
+    def _stage(self, n: int, rows: int, fill: Fill) -> tuple[dict[str, Tensor], int, Any]:
+        """Chunk `n` of a stream on its way to the device, with the event its copy records."""
+        if not self.cuda:
+            return fill(None), rows, None
+        slot = n % 2
+        done = self._copied[slot]
+        if done is not None:
+            done.synchronize()  # the pinned buffer's last copy has landed
+        host = fill({k: b[:rows] for k, b in self._pinned[slot].items()})
+        with torch.cuda.stream(self._side):
+            dev = {k: t.to(self.device, non_blocking=True) for k, t in host.items()}
+            event = torch.cuda.Event()
+            event.record(self._side)
+        self._copied[slot] = event
+        return dev, rows, event
+
+    def _stream(
+        self, pieces: Generator[tuple[int, Fill], None, None]
+    ) -> Generator[Chunk, None, None]:
+        staged: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        stop = threading.Event()
+        # One permit per chunk that may be alive: the caller's and those prepared ahead.
+        room = threading.Semaphore(self.ahead + 1)
+
+        def work() -> None:
+            try:
+                for n in itertools.count():
+                    room.acquire()
+                    if stop.is_set():
+                        return
+                    piece = next(pieces, None)
+                    if piece is None:
+                        staged.put(_END)
+                        return
+                    staged.put(self._stage(n, *piece))
+                    del piece  # its host rows are staged: don't hold them while preparing more
+            except BaseException as err:  # raised again in the caller's thread
+                staged.put(err)
+            finally:
+                pieces.close()
+
+        worker = threading.Thread(target=work, name="reagent-lite-prefetch", daemon=True)
+        worker.start()
+        try:
+            while True:
+                item = staged.get()
+                if item is _END:
+                    return
+                if isinstance(item, BaseException):
+                    raise item
+                columns, rows, event = item
+                del item
+                if event is not None:
+                    current = torch.cuda.current_stream(self.device)
+                    current.wait_event(event)
+                    for t in columns.values():
+                        # Allocated on the side stream, read on this one: keep the allocator
+                        # from reusing the memory before this stream is done with it.
+                        t.record_stream(current)
+                yield columns, rows
+                del columns  # the caller asks for the next chunk: it is done with this one
+                room.release()
+        finally:
+            stop.set()
+            room.release()  # wakes a worker waiting for room, which then sees `stop`
+            worker.join(_JOIN_S)
+            if worker.is_alive():
+                log.warning(
+                    "chunk prefetch: the worker is still preparing a chunk after %.0f s; "
+                    "leaving it to finish in the background",
+                    _JOIN_S,
+                )
