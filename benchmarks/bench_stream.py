@@ -1,9 +1,12 @@
 """Throughput and peak host memory of the three data placements as the table grows.
 
     python -m benchmarks.bench_stream --rows 1e5,1e6,1e7 --modes resident,host,disk
+    python -m benchmarks.bench_stream --kind parametric --rows 1e5,1e6
 
 For each table size a synthetic dqn table (CartPole-shaped: 4 dense features, 2 actions,
-episodes of 20 steps, row groups of 65,536 rows) is written once under `--root`; each
+episodes of 20 steps, row groups of 65,536 rows) — with `--kind parametric` a
+parametric_dqn one (the same states, 4 candidate actions of 4 features each, the logged
+one among them) — is written once under `--root`; each
 (size, mode) then runs in a fresh process — a real `Workflow` set up from a config and
 stepped by its own step runner, as `Workflow.train()` does — which reports the setup
 time, transitions/s (median of the epochs, each `--steps` steps: the disk mode's window
@@ -50,13 +53,58 @@ SCHEMA = pa.schema(
 )
 EPISODE = 20
 FEATURES = 4
+CANDIDATES = 4  # parametric: candidate actions per row, of FEATURES features ("100"...)
+_MAP = pa.map_(pa.string(), pa.float64())
+PARAMETRIC_SCHEMA = pa.schema(
+    [
+        f if f.name not in ("action", "next_action", "possible_actions", "possible_next_actions")
+        else pa.field(f.name, pa.list_(_MAP) if f.name.startswith("possible") else _MAP)
+        for f in SCHEMA
+    ]
+)  # fmt: skip
 
 
-def _features(values: np.ndarray) -> pa.MapArray:
-    n = values.shape[0]
-    offsets = pa.array(np.arange(0, n * FEATURES + 1, FEATURES, dtype=np.int32))
-    keys = pa.array(np.tile(np.array([str(i) for i in range(FEATURES)]), n))
-    return pa.MapArray.from_arrays(offsets, keys, pa.array(values.reshape(-1)))
+def _offsets(present: np.ndarray, per_row: int) -> pa.Array:
+    """List offsets: `per_row` entries on the rows where `present`, none elsewhere."""
+    lengths = np.where(present, per_row, 0)
+    return pa.array(np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32))
+
+
+def _features(
+    values: np.ndarray, first_id: int = 0, present: np.ndarray | None = None
+) -> pa.MapArray:
+    """A map column: row i maps ids first_id... to `values[i]` (an empty map where not
+    `present`)."""
+    present = np.ones(values.shape[0], bool) if present is None else present
+    ids = pa.array([str(first_id + i) for i in range(FEATURES)])
+    # From codes: numpy strings this long would come back from pa.array in chunks.
+    codes = np.tile(np.arange(FEATURES, dtype=np.int32), int(present.sum()))
+    keys = pa.DictionaryArray.from_arrays(codes, ids).dictionary_decode()
+    items = pa.array(values[present].reshape(-1))
+    return pa.MapArray.from_arrays(_offsets(present, FEATURES), keys, items)
+
+
+def _parametric(table: pa.Table, rng: np.random.Generator) -> pa.Table:
+    """The parametric form of a dqn batch: candidate feature vectors instead of names."""
+    n = table.num_rows
+    more = np.asarray(table.column("sequence_number")) != EPISODE - 1  # not terminal
+    cands = rng.normal(size=(n, CANDIDATES, FEATURES))
+    nxt = np.roll(cands, -1, axis=0)
+    rows = np.arange(n)
+
+    def lists(values: np.ndarray, present: np.ndarray) -> pa.ListArray:
+        maps = _features(values[present].reshape(-1, FEATURES), first_id=100)
+        return pa.ListArray.from_arrays(_offsets(present, CANDIDATES), maps)
+
+    columns = {
+        "action": _features(cands[rows, rng.integers(0, CANDIDATES, n)], 100),
+        "next_action": _features(nxt[rows, rng.integers(0, CANDIDATES, n)], 100, more),
+        "possible_actions": lists(cands, np.ones(n, bool)),
+        "possible_next_actions": lists(nxt, more),
+    }
+    for name, col in columns.items():
+        table = table.set_column(table.schema.get_field_index(name), name, col)
+    return table.cast(PARAMETRIC_SCHEMA)
 
 
 def _batch(start: int, n: int, rng: np.random.Generator) -> pa.Table:
@@ -89,22 +137,27 @@ def _batch(start: int, n: int, rng: np.random.Generator) -> pa.Table:
 
 def _lists(lengths: np.ndarray) -> pa.ListArray:
     """A list<string> column: `lengths[i]` of ["0", "1"] (0 or 2) on row i, from offsets."""
-    offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)
     values = np.tile(np.array(["0", "1"]), int(lengths.sum()) // 2)
-    return pa.ListArray.from_arrays(pa.array(offsets), pa.array(values))
+    return pa.ListArray.from_arrays(_offsets(lengths > 0, 2), pa.array(values))
 
 
-def make_table(path: Path, rows: int, row_group: int = 65_536, seed: int = 0) -> Path:
-    """`rows` synthetic dqn transitions in `path`, written in pieces (bounded memory)."""
+def make_table(
+    path: Path, rows: int, row_group: int = 65_536, seed: int = 0, kind: str = "dqn"
+) -> Path:
+    """`rows` synthetic dqn (or parametric) transitions in `path`, written in pieces
+    (bounded memory)."""
     if path.exists() and pq.ParquetFile(path).metadata.num_rows == rows:
         return path
     path.parent.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(seed)
     tmp = path.with_suffix(".tmp")
-    with pq.ParquetWriter(tmp, SCHEMA) as writer:
-        piece = row_group * 16
+    with pq.ParquetWriter(tmp, SCHEMA if kind == "dqn" else PARAMETRIC_SCHEMA) as writer:
+        # Small pieces for the bulkier parametric rows: the children inherit this process's
+        # peak RSS as the start of theirs (Linux keeps ru_maxrss across fork and exec).
+        piece = row_group * (16 if kind == "dqn" else 1)
         for start in range(0, rows, piece):
-            writer.write_table(_batch(start, min(piece, rows - start), rng), row_group)
+            batch = _batch(start, min(piece, rows - start), rng)
+            writer.write_table(batch if kind == "dqn" else _parametric(batch, rng), row_group)
     tmp.rename(path)
     return path
 
@@ -119,15 +172,20 @@ def _rss_mib() -> float:
 def child(args: argparse.Namespace) -> None:
     import torch
 
-    from reagent_lite.config import DQNWorkflowConfig, config_from_dict
+    from reagent_lite.config import (
+        DQNWorkflowConfig,
+        ParametricDQNWorkflowConfig,
+        config_from_dict,
+    )
     from reagent_lite.distributed.context import DistContext
     from reagent_lite.training.loop import Workflow
 
+    dqn = args.kind == "dqn"
     cfg = config_from_dict(
         {
             "training_data_path": args.data,
             "model_output_path": args.out,
-            "actions": ["0", "1"],
+            **({"actions": ["0", "1"]} if dqn else {}),
             "use_gpu": args.device != "cpu",
             "use_all_avail_gpus": False,
             "epochs": args.epochs,
@@ -143,9 +201,9 @@ def child(args: argparse.Namespace) -> None:
             },
             "evaluation": {"calc_cpe_in_training": False},
         },
-        DQNWorkflowConfig,
+        DQNWorkflowConfig if dqn else ParametricDQNWorkflowConfig,
     )
-    wf = Workflow("dqn", cfg, DistContext.single(args.device))
+    wf = Workflow(cfg.workflow, cfg, DistContext.single(args.device))
     base = _rss_mib()
     t0 = time.perf_counter()
     wf.setup()
@@ -181,6 +239,7 @@ def run_child(data: Path, mode: str, args: argparse.Namespace) -> dict[str, Any]
     cmd += ["--mode", mode, "--out", str(Path(args.root) / f"out_{mode}")]
     for k in ("device", "batch", "steps", "epochs", "window"):
         cmd += [f"--{k}", str(getattr(args, k))]
+    cmd += ["--kind", getattr(args, "kind", "dqn")]
     proc = subprocess.run(
         cmd, capture_output=True, text=True, timeout=getattr(args, "timeout", 3600), env=os.environ
     )
@@ -195,6 +254,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--rows", default="1e5,1e6", help="table sizes, comma-separated")
     p.add_argument("--modes", default="resident,host,disk")
+    p.add_argument("--kind", default="dqn", choices=["dqn", "parametric"])
     p.add_argument("--device", default="cpu")
     p.add_argument("--batch", type=int, default=1024)
     p.add_argument("--steps", type=int, default=200, help="steps per epoch (all modes)")
@@ -209,13 +269,13 @@ def main() -> None:
     if args.child:
         child(args)
         return
-    print(f"device {args.device}, batch {args.batch}, {args.steps} steps × {args.epochs} epochs, "
+    print(f"{args.kind}, device {args.device}, batch {args.batch}, {args.steps} steps × {args.epochs} epochs, "
           f"window {args.window:,} rows, load {os.getloadavg()[0]:.1f}", flush=True)  # fmt: skip
     header = "| rows | mode | transitions/s | setup s | peak RSS MiB | peak − before data MiB |"
     print(header + "\n|---|---|---|---|---|---|", flush=True)
     for rows in (int(float(r)) for r in args.rows.split(",")):
         t = time.perf_counter()
-        data = make_table(Path(args.root) / f"dqn_{rows}.parquet", rows)
+        data = make_table(Path(args.root) / f"{args.kind}_{rows}.parquet", rows, kind=args.kind)
         made = time.perf_counter() - t
         if made > 1:
             print(f"(wrote {rows:,} rows in {made:.0f} s)", file=sys.stderr, flush=True)

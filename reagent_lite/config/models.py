@@ -366,7 +366,7 @@ class BaseWorkflowConfig(_Model):
         description="Never hold a rank's whole shard: each epoch read its Parquet row groups "
         "in a seeded shuffled order, a window of at most stream_window_rows rows at a time "
         "(the next window is read in the background while training on the current one). "
-        "For shards larger than host memory; dqn workflow, Parquet data only. Trade-off: "
+        "For shards larger than host memory; both workflows, Parquet data only. Trade-off: "
         "shuffling is window-local — a minibatch mixes only the rows of the row groups in "
         "its window — and normalization (unless given) is fitted on a sample of row groups. "
         "Overrides device_resident_data for the training data; eval data is read as usual.",
@@ -554,12 +554,6 @@ class ParametricDQNWorkflowConfig(BaseWorkflowConfig):
             raise ConfigProblem(
                 ("rainbow", "dueling_architecture"),
                 "not supported by parametric_dqn (one Q-value per candidate)",
-                True,
-            )
-        if self.stream_from_disk:
-            raise ConfigProblem(
-                ("stream_from_disk",),
-                "not supported by parametric_dqn yet (dqn workflow only)",
                 True,
             )
         return self

@@ -14,6 +14,11 @@ the next window. Rows that do not fill a whole step at the end of a window are c
 into the next one; when the epoch needs more steps than the shard holds (a shorter shard
 than the largest), a fresh pass with a new unit order follows, as `EpochSampler` wraps.
 
+Both workflows stream: a window's columns are whatever the kind's loader makes of it —
+`load_window` (dqn) or `load_parametric_window` (parametric_dqn: candidate tensors [rows,
+K, G] and masks [rows, K], K fixed before training from a keys scan, `scan_units`, or from
+`max_candidates`, so every window has the same column shapes) — all indexed by row.
+
 The trade-off: shuffling is window-local. A minibatch only mixes rows of the few row groups
 in its window, so row groups that each hold one slice of the data (one day, one episode
 range) give batches less diverse than a full shuffle; smaller row groups and a larger
@@ -39,12 +44,8 @@ import torch
 from torch import Tensor
 
 from reagent_lite.data import tensorize as tz
-from reagent_lite.data.ingest import (
-    DiscreteShard,
-    DiscreteShardBuilder,
-    _piece_batches,
-    _used_keys,
-)
+from reagent_lite.data.ingest import DiscreteShard, DiscreteShardBuilder, _piece_batches
+from reagent_lite.data.ingest_parametric import ParametricShard, ParametricShardBuilder
 from reagent_lite.data.readers import (
     ShardPiece,
     _parquet_file,
@@ -53,7 +54,8 @@ from reagent_lite.data.readers import (
     iter_parquet_rows,
     shard_plan,
 )
-from reagent_lite.data.validate import ShardValidation, ValidationReport
+from reagent_lite.data.shard_builder import S, ShardBuilder, _used_keys
+from reagent_lite.data.validate import Kind, ShardValidation, ValidationReport
 from reagent_lite.errors import DataError
 
 # Rows validated and tensorized at a time inside a row group (bounds the temporaries).
@@ -84,41 +86,60 @@ def stream_units(path: str, rank: int, world_size: int) -> list[ShardPiece]:
 
 
 def scan_state_ids(units: Sequence[ShardPiece]) -> set[str]:
-    """The feature ids in the state column of `units`, reading only the map keys (as
-    dictionary codes: cheap) — the ids the resident path would find in the whole shard."""
-    ids: set[str] = set()
+    """The feature ids in the state column of `units` (`scan_units`)."""
+    return scan_units(units, {"state": tz.STATE_COLUMNS})[0]["state"]
+
+
+def scan_units(
+    units: Sequence[ShardPiece],
+    features: dict[str, Sequence[str]],
+    lists: Sequence[str] = (),
+) -> tuple[dict[str, set[str]], int]:
+    """What the resident path would find in the whole shard, reading only map keys (as
+    dictionary codes: cheap): for each entry of `features` (name → the column, or its
+    alternatives, e.g. `tz.STATE_COLUMNS`) the feature ids in that column of `units`; and
+    the longest list (at least 1) in the `lists` columns (candidate lists: read through
+    their key leaf, which carries the list lengths)."""
+    ids: dict[str, set[str]] = {name: set() for name in features}
+    longest = 1
     files: dict[Path, pq.ParquetFile] = {}
     for unit in units:
         pf = files.get(unit.file) or files.setdefault(unit.file, _parquet_file_for_read(unit.file))
         names = pf.schema_arrow.names
-        col = next((c for c in tz.STATE_COLUMNS if c in names), None)
-        if col is None:
-            raise DataError(f"{unit.file}: no state column (expected one of {tz.STATE_COLUMNS})")
-        if pa.types.is_map(pf.schema_arrow.field(col).type):
-            cols = [f"{col}.key_value.key"]
-        else:
-            cols = [col]
+        chosen = {}
+        for name, alternatives in [*features.items(), *((c, (c,)) for c in lists)]:
+            col = next((c for c in alternatives if c in names), None)
+            if col is None:
+                raise DataError(f"{unit.file}: no {name} column (expected one of {alternatives})")
+            chosen[name] = col
+        leaves = [pf.schema.column(i).path for i in range(len(pf.schema))]
+        cols = [next((p for p in leaves if _is_key_leaf(p, c)), c) for c in chosen.values()]
         try:
             if unit.kind == "rows":
-                table = pa.Table.from_batches(
-                    list(iter_parquet_rows(pf, unit, cols)),
-                    schema=pf.schema_arrow.select([col]) if cols == [col] else None,
-                )
+                table = pa.Table.from_batches(list(iter_parquet_rows(pf, unit, cols)))
             else:
                 table = pf.read_row_group(unit.row_groups[0], columns=cols)
         except (OSError, pa.ArrowException) as e:
             raise DataError(f"{unit.file}: cannot read Parquet data ({e})") from e
-        for chunk in table.column(0).chunks:
-            if pa.types.is_list(chunk.type) and pa.types.is_struct(chunk.type.value_type):
-                ids.update(_used_keys(pc.list_flatten(chunk).field(0)))
-            elif tz._is_listlike(chunk.type):
-                width = pc.max(pc.list_value_length(chunk)).as_py() or 0
-                ids.update(str(i) for i in range(width))
+        for name, col in chosen.items():
+            for chunk in table.column(col).chunks:
+                if name in lists:
+                    longest = max(longest, pc.max(pc.list_value_length(chunk)).as_py() or 0)
+                elif pa.types.is_list(chunk.type) and pa.types.is_struct(chunk.type.value_type):
+                    ids[name].update(_used_keys(pc.list_flatten(chunk).field(0)))
+                elif tz._is_listlike(chunk.type):
+                    width = pc.max(pc.list_value_length(chunk)).as_py() or 0
+                    ids[name].update(str(i) for i in range(width))
         del table
         # Freed read buffers stay cached by Arrow's allocator otherwise (measured: +330 MiB
         # over 1e7 rows); the scan must not grow with the shard.
         pa.default_memory_pool().release_unused()
-    return ids
+    return ids, longest
+
+
+def _is_key_leaf(path: str, column: str) -> bool:
+    """Whether a Parquet leaf path is the map keys of `column` (a map, or a list of maps)."""
+    return path.startswith(f"{column}.") and path.endswith(".key_value.key")
 
 
 def _unit_source(unit: ShardPiece) -> str:
@@ -131,29 +152,22 @@ def _unit_source(unit: ShardPiece) -> str:
     return str(unit.file)
 
 
-def load_window(
+def load_units(
     units: Sequence[ShardPiece],
-    actions: Sequence[str],
-    feature_ids: Sequence[str] | None,
+    builder: ShardBuilder[S],
+    kind: Kind,
     *,
-    use_seq_num_diff_as_time_diff: bool,
+    actions: Sequence[str] | None = None,
     drop_bad_rows: bool,
-) -> DiscreteShard:
-    """The rows of `units` as a `DiscreteShard` (raw values, NaN = absent), validated and
-    tensorized by the streaming ingest's code, columns in `feature_ids` order if given.
-    Each unit is validated on its own, so an error names the file and row group (and the
-    row within it) that holds the bad row, whatever else the window packs."""
-    source = str(units[0].file) if units else "table"
-    builder = DiscreteShardBuilder(
-        actions,
-        capacity=sum(u.num_rows or 0 for u in units),
-        use_seq_num_diff_as_time_diff=use_seq_num_diff_as_time_diff,
-        source=source,
-    )
+) -> S:
+    """The rows of `units` collected by `builder` (the streaming ingest's), each unit
+    validated on its own, so an error names the file and row group (and the row within it)
+    that holds the bad row, whatever else the window packs."""
+    source = builder.source
     rows_in = rows_out = 0
     for unit in units:
         label = _unit_source(unit)
-        check = ShardValidation("dqn", actions=actions, source=label, drop_bad_rows=drop_bad_rows)
+        check = ShardValidation(kind, actions=actions, source=label, drop_bad_rows=drop_bad_rows)
         builder.source = label
         for batch in _piece_batches(unit):
             for start in range(0, batch.num_rows, _SLICE_ROWS):
@@ -164,11 +178,60 @@ def load_window(
             check.finish()  # raises, naming file, row group, column and bad rows
         rows_in, rows_out = rows_in + check.rows_in, rows_out + check.rows_out
     builder.source = source
-    report = ValidationReport(source, "dqn", rows_in=rows_in, rows_out=rows_out)
-    shard = builder.finish(report)
+    shard = builder.finish(ValidationReport(source, kind, rows_in=rows_in, rows_out=rows_out))
+    pa.default_memory_pool().release_unused()
+    return shard
+
+
+def _window_rows(units: Sequence[ShardPiece]) -> int:
+    return sum(u.num_rows or 0 for u in units)
+
+
+def _window_source(units: Sequence[ShardPiece]) -> str:
+    return str(units[0].file) if units else "table"
+
+
+def load_window(
+    units: Sequence[ShardPiece],
+    actions: Sequence[str],
+    feature_ids: Sequence[str] | None,
+    *,
+    use_seq_num_diff_as_time_diff: bool,
+    drop_bad_rows: bool,
+) -> DiscreteShard:
+    """The dqn rows of `units` as a `DiscreteShard` (raw values, NaN = absent; `load_units`),
+    columns in `feature_ids` order if given."""
+    builder = DiscreteShardBuilder(
+        actions,
+        capacity=_window_rows(units),
+        use_seq_num_diff_as_time_diff=use_seq_num_diff_as_time_diff,
+        source=_window_source(units),
+    )
+    shard = load_units(units, builder, "dqn", actions=actions, drop_bad_rows=drop_bad_rows)
     if feature_ids is not None:
         shard.reorder(feature_ids)
-    pa.default_memory_pool().release_unused()
+    return shard
+
+
+def load_parametric_window(
+    units: Sequence[ShardPiece],
+    state_ids: Sequence[str],
+    action_ids: Sequence[str],
+    max_candidates: int,
+    *,
+    use_seq_num_diff_as_time_diff: bool,
+    drop_bad_rows: bool,
+) -> ParametricShard:
+    """The parametric rows of `units` as a `ParametricShard` (`load_units`), conformed to
+    the agreed ids and `max_candidates` slots (a longer candidate list is a `DataError`)."""
+    builder = ParametricShardBuilder(
+        capacity=_window_rows(units),
+        max_candidates=max_candidates,
+        use_seq_num_diff_as_time_diff=use_seq_num_diff_as_time_diff,
+        source=_window_source(units),
+    )
+    shard = load_units(units, builder, "parametric_dqn", drop_bad_rows=drop_bad_rows)
+    shard.conform(state_ids, action_ids, max_candidates)
     return shard
 
 

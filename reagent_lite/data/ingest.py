@@ -4,27 +4,22 @@
 raw tensors (values *and* float presence masks) at the same time, about four times the
 bytes of what training keeps. Here a shard is read one batch (Parquet row group) at a
 time, each batch validated (`ShardValidation`, same checks and messages) in slices and
-scattered straight into arrays sized from the Parquet footers, then dropped. Feature maps
-become one float32 matrix with NaN where a feature is absent — the form normalization
-samples want and the `Preprocessor` accepts — so no presence matrix is ever built.
-
-Feature ids are not known before reading: columns are assigned as ids are first seen
-(state and next_state maps alike), and `DiscreteShard.reorder` later puts the columns in
-the order of the ids the ranks agreed on (ids this shard never saw come out all-absent)
-— in place when, as usual, that is a permutation or nothing at all.
+scattered by a builder (`data/shard_builder.py`: NaN-coded feature matrices, columns as
+ids are first seen, reordered to the agreed ids later) straight into arrays sized from the
+Parquet footers, then dropped. `ingest_shard` is that loop for any builder; this module
+holds the dqn builder, `data/ingest_parametric.py` the parametric one.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from reagent_lite.data import tensorize as tz
 from reagent_lite.data.readers import (
@@ -35,6 +30,13 @@ from reagent_lite.data.readers import (
     iter_parquet_rows,
     read_piece,
     shard_plan,
+)
+from reagent_lite.data.shard_builder import (
+    FeatureColumns,
+    IngestedShard,
+    S,
+    ShardBuilder,
+    reorder_columns,
 )
 from reagent_lite.data.validate import ShardValidation, ValidationReport
 from reagent_lite.errors import DataError
@@ -97,62 +99,11 @@ def _prefetched(it: Iterator[pa.Table]) -> Iterator[pa.Table]:
         yield item
 
 
-# ----------------------------------------------------------------------------- features
-
-
-class FeatureColumns:
-    """Feature id → column, assigned as ids are first seen (numerically sorted within a
-    batch, so a shard whose first batch has every id ends up in the agreed order)."""
-
-    def __init__(self) -> None:
-        self.ids: list[str] = []
-        self._col: dict[str, int] = {}
-
-    def add(self, ids: Sequence[str]) -> None:
-        """Appends the ids not seen yet, in numeric order (the order the workflow agrees on,
-        so that usually no reordering is needed later)."""
-        for f in sorted(ids, key=lambda s: (0, int(s), "") if s.isdigit() else (1, 0, s)):
-            if f not in self._col:
-                self._col[f] = len(self.ids)
-                self.ids.append(f)
-
-
-def _used_keys(keys: pa.Array) -> list[str]:
-    """The distinct keys of a map's key array, as strings."""
-    if pa.types.is_dictionary(keys.type):
-        codes = keys.indices.to_numpy(zero_copy_only=False)
-        used = np.bincount(codes, minlength=len(keys.dictionary)) > 0
-        return [str(k) for k in keys.dictionary.filter(pa.array(used)).to_pylist()]
-    return [str(k) for k in pc.unique(keys).to_pylist()]
-
-
-def _map_keys(arr: pa.MapArray) -> pa.Array:
-    if arr.null_count:
-        return tz.map_entries(arr)[1]
-    offsets = arr.offsets
-    lo, hi = offsets[0].as_py(), offsets[-1].as_py()
-    return arr.keys.slice(lo, hi - lo)
-
-
 # ----------------------------------------------------------------------------- discrete
 
 
-def _grow(a: np.ndarray, rows: int, filled: int, cols: int | None = None) -> np.ndarray:
-    """A copy of `a` with room for `rows` rows (and `cols` columns): its first `filled` rows
-    copied (new feature columns of those rows absent, NaN); the rest left for `add` to
-    write (so the shard's big arrays are touched once, not filled twice)."""
-    shape = (rows,) + ((cols,) if cols is not None else a.shape[1:])
-    out = np.empty(shape, a.dtype)
-    if a.ndim == 2:
-        out[:filled, : a.shape[1]] = a[:filled]
-        out[:filled, a.shape[1] :] = np.nan
-    else:
-        out[:filled] = a[:filled]
-    return out
-
-
 @dataclass
-class DiscreteShard:
+class DiscreteShard(IngestedShard):
     """A dqn shard as arrays: `state`/`next_state` float32 [N, C] in `columns.ids` order
     with NaN = absent; the other fields as in `DiscreteTransitions`. `state_ids` are the
     ids seen in `state_features` (those the workflow agrees on)."""
@@ -162,40 +113,26 @@ class DiscreteShard:
     state: np.ndarray
     next_state: np.ndarray
     fields: dict[str, np.ndarray]
-    report: ValidationReport
-    rows_per_part: list[int] = field(default_factory=list)
-    # Seconds spent waiting for batches to be read, validating, and tensorizing.
-    timings: dict[str, float] = field(default_factory=dict)
 
     def __len__(self) -> int:
         return int(self.state.shape[0])
 
     def reorder(self, feature_ids: Sequence[str]) -> None:
-        """Makes `state` and `next_state` columns follow `feature_ids` (ids never seen are
-        all-absent columns; seen ids not listed are dropped). A permutation of the stored
-        columns is applied in place, chunk by chunk; anything else builds new arrays."""
+        """Makes `state` and `next_state` columns follow `feature_ids` (`reorder_columns`)."""
         ids = list(feature_ids)
-        cols = self.columns._col
-        if ids == self.columns.ids:
-            return
-        if sorted(ids) == sorted(self.columns.ids):
-            perm = [cols[f] for f in ids]
-            for m in (self.state, self.next_state):
-                for s in range(0, m.shape[0], 65536):
-                    m[s : s + 65536] = m[s : s + 65536][:, perm]
-        else:
-            for name in ("state", "next_state"):
-                m = getattr(self, name)
-                out = np.full((m.shape[0], len(ids)), np.nan, np.float32)
-                for j, f in enumerate(ids):
-                    if f in cols:
-                        out[:, j] = m[:, cols[f]]
-                setattr(self, name, out)
-        self.columns = FeatureColumns()
-        self.columns.add(ids)
+        self.state = reorder_columns(self.state, self.columns, ids)
+        self.next_state = reorder_columns(self.next_state, self.columns, ids)
+        self.columns = FeatureColumns.of(ids)
 
 
-class DiscreteShardBuilder:
+# The order of `DiscreteTransitions` (training tensors keep it).
+DISCRETE_FIELDS = (
+    "action", "next_action", "reward", "possible_actions_mask", "possible_next_actions_mask",
+    "terminal", "time_diff", "propensity", "mdp_id", "sequence_number",
+)  # fmt: skip
+
+
+class DiscreteShardBuilder(ShardBuilder[DiscreteShard]):
     """Collects a dqn shard batch by batch (see the module docstring)."""
 
     def __init__(
@@ -206,82 +143,18 @@ class DiscreteShardBuilder:
         use_seq_num_diff_as_time_diff: bool = False,
         source: str = "table",
     ) -> None:
+        super().__init__(
+            capacity=capacity,
+            use_seq_num_diff_as_time_diff=use_seq_num_diff_as_time_diff,
+            source=source,
+        )
         self.actions = list(actions)
-        self.use_time_diff = use_seq_num_diff_as_time_diff
-        self.source = source
-        self.columns = FeatureColumns()
-        self.state_ids: set[str] = set()
-        self.n = 0
-        cap = max(capacity or 0, 1)
         A = len(self.actions)
-        self.state = np.empty((cap, 0), np.float32)
-        self.next_state = np.empty((cap, 0), np.float32)
-        self.f: dict[str, np.ndarray] = {
-            "action": np.empty(cap, np.int64),
-            "next_action": np.empty(cap, np.int64),
-            "reward": np.empty(cap, np.float32),
-            "possible_actions_mask": np.empty((cap, A), np.float32),
-            "possible_next_actions_mask": np.empty((cap, A), np.float32),
-            "terminal": np.empty(cap, np.float32),
-            "time_diff": np.empty(cap, np.float32),
-            "propensity": np.empty(cap, np.float32),
-            "sequence_number": np.empty(cap, np.int64),
-            "mdp_id": np.empty(cap, np.int64),
-        }
-        # Episode id → dense code, in order of first appearance (as `dictionary_encode` of
-        # the whole column numbers them); no Arrow buffer of a batch outlives the batch.
-        self._mdp_codes: dict[object, int] = {}
+        for name in ("action", "next_action"):
+            self._alloc(name, (), np.int64)
+        for name in ("possible_actions_mask", "possible_next_actions_mask"):
+            self._alloc(name, (A,), np.float32)
 
-    # -- features
-    def _discover(self, col: pa.ChunkedArray, is_state: bool) -> None:
-        if pa.types.is_map(col.type):
-            for chunk in col.chunks:
-                keys = _map_keys(chunk)
-                if pa.types.is_dictionary(keys.type):
-                    # Slices of a row group share its dictionary: once all its entries are
-                    # known (as columns, and as state ids for the state column) there is
-                    # nothing new to find.
-                    entries = [str(k) for k in keys.dictionary.to_pylist()]
-                    known = self.state_ids if is_state else self.columns._col
-                    if all(k in known for k in entries):
-                        continue
-                ids = _used_keys(keys)
-                self.columns.add(ids)
-                if is_state:
-                    self.state_ids.update(ids)
-        elif tz._is_listlike(col.type):
-            width = max((pc.max(pc.list_value_length(c)).as_py() or 0) for c in col.chunks)
-            ids = [str(i) for i in range(width)]
-            self.columns.add(ids)
-            if is_state:
-                self.state_ids.update(ids)
-
-    def _ensure(self, rows: int) -> None:
-        cap, C = self.state.shape
-        want_c = len(self.columns.ids)
-        if rows <= cap and want_c <= C:
-            return
-        new_cap = max(rows, cap + cap // 2) if rows > cap else cap
-        self.state = _grow(self.state, new_cap, self.n, want_c)
-        self.next_state = _grow(self.next_state, new_cap, self.n, want_c)
-        if rows > cap:
-            self.f = {k: _grow(v, new_cap, self.n) for k, v in self.f.items()}
-
-    def _features(self, col: pa.ChunkedArray, out: np.ndarray) -> None:
-        """Scatter one batch's feature column into `out` (rows of this batch, NaN-filled)."""
-        ids = self.columns.ids
-        if pa.types.is_map(col.type):
-            for start, chunk in tz._chunks(col):
-                tz._scatter_map(chunk, start, ids, out, None)
-        elif tz._is_listlike(col.type):
-            width = max((pc.max(pc.list_value_length(c)).as_py() or 0) for c in col.chunks)
-            pos = [str(i) for i in range(width)]
-            vals, pres = tz.dense_list_to_dense(col, pos)
-            idx = [self.columns._col[p] for p in pos]
-            out[:, idx] = np.where(pres > 0, vals, np.float32(np.nan))
-        # a null-typed column: every feature absent (out stays NaN)
-
-    # -- one batch
     def add(self, table: pa.Table) -> None:
         b = table.num_rows
         if b == 0:
@@ -289,21 +162,20 @@ class DiscreteShardBuilder:
         src = self.source
         s_col = tz._column_of(table, tz.STATE_COLUMNS, src)
         ns_col = tz._column_of(table, tz.NEXT_STATE_COLUMNS, src)
-        self._discover(s_col, True)
-        self._discover(ns_col, False)
+        self._discover(s_col, self.columns, self.state_ids)
+        self._discover(ns_col, self.columns)
         lo, hi = self.n, self.n + b
         self._ensure(hi)
-        f = self.f
+        f = self.arrays
         fut = None
-        pool_ok = b >= 16_384
-        s_out, ns_out = self.state[lo:hi], self.next_state[lo:hi]
+        s_out, ns_out = f["state"][lo:hi], f["next_state"][lo:hi]
         s_out.fill(np.nan)
         ns_out.fill(np.nan)
-        if pool_ok:  # state and next_state scatter in parallel (numpy releases the GIL)
-            fut = tz._pool().submit(self._features, ns_col, ns_out)
+        if b >= 16_384:  # state and next_state scatter in parallel (numpy releases the GIL)
+            fut = tz._pool().submit(self._features, ns_col, ns_out, self.columns)
         else:
-            self._features(ns_col, ns_out)
-        self._features(s_col, s_out)
+            self._features(ns_col, ns_out, self.columns)
+        self._features(s_col, s_out, self.columns)
         actions = self.actions
         action = tz._action_index(tz._column_of(table, ["action"], src), actions)
         if (action < 0).any():
@@ -318,84 +190,41 @@ class DiscreteShardBuilder:
         f["possible_actions_mask"][lo:hi] = tz._actions_mask(
             tz._column_of(table, ["possible_actions"], src), actions, src
         )
-        names = table.column_names
-        f["reward"][lo:hi] = tz._to_float32(tz._column_of(table, ["reward"], src).combine_chunks())
-        if "action_probability" in names:
-            f["propensity"][lo:hi] = tz._to_float32(
-                table.column("action_probability").combine_chunks()
-            )
-        else:
-            f["propensity"][lo:hi] = 1.0
-        if self.use_time_diff and "time_diff" in names:
-            f["time_diff"][lo:hi] = tz._to_float32(table.column("time_diff").combine_chunks())
-        else:
-            f["time_diff"][lo:hi] = 1.0
-        terminal = pna.sum(axis=1) == 0
-        if "terminal" in names:
-            explicit = table.column("terminal").combine_chunks().fill_null(False)
-            terminal |= np.asarray(explicit.cast(pa.bool_()).to_numpy(zero_copy_only=False))
-        f["terminal"][lo:hi] = terminal
-        seq = tz._column_of(table, ["sequence_number"], src).combine_chunks()
-        f["sequence_number"][lo:hi] = np.asarray(
-            seq.cast(pa.int64()).fill_null(0).to_numpy(zero_copy_only=False)
-        )
-        f["mdp_id"][lo:hi] = self._episode_codes(tz._column_of(table, ["mdp_id"], src))
+        self._common(table, lo, hi, pna.sum(axis=1) == 0)
         if fut is not None:
             fut.result()
         self.n = hi
 
-    def _episode_codes(self, col: pa.ChunkedArray) -> np.ndarray:
-        enc = col.combine_chunks().dictionary_encode()
-        known = self._mdp_codes
-        codes = np.array(
-            [known.setdefault(v, len(known)) for v in enc.dictionary.to_pylist()], np.int64
-        )
-        return codes[tz.dictionary_codes(enc)] if len(codes) else np.zeros(len(col), np.int64)
-
     def finish(self, report: ValidationReport) -> DiscreteShard:
         n = self.n
-        fields = {k: v[:n] for k, v in self.f.items()}
-        # The order of `DiscreteTransitions` (training tensors keep it).
-        order = (
-            "action", "next_action", "reward", "possible_actions_mask",
-            "possible_next_actions_mask", "terminal", "time_diff", "propensity", "mdp_id",
-            "sequence_number",
-        )  # fmt: skip
-        fields = {k: fields[k] for k in order}
         return DiscreteShard(
-            self.columns, self.state_ids, self.state[:n], self.next_state[:n], fields, report
+            report,
+            columns=self.columns,
+            state_ids=self.state_ids,
+            state=self.arrays["state"][:n],
+            next_state=self.arrays["next_state"][:n],
+            fields=self._rows(DISCRETE_FIELDS),
         )
 
 
-def ingest_discrete(
+# ----------------------------------------------------------------------------- ingest
+
+
+def ingest_shard(
     path: str | Path,
     parts: Sequence[tuple[int, int]],
-    actions: Sequence[str],
+    check: ShardValidation,
+    make_builder: Callable[[int | None], ShardBuilder[S]],
     *,
-    use_seq_num_diff_as_time_diff: bool = False,
-    drop_bad_rows: bool = False,
-    prefetch: bool = False,
-    slice_rows: int = 32768,
-) -> DiscreteShard:
-    """The shard(s) `parts` — (rank, world_size) pairs, normally one — of the dqn table at
-    `path`, validated (as `validate`) and tensorized (as `tensorize_discrete`) batch by
-    batch. Several parts are laid end to end (`rows_per_part` tells their sizes).
-
-    `prefetch` reads the next row group in a background thread (pyarrow releases the GIL)
-    at the cost of one more row group in memory; off by default, as on the shared 2-core
-    machine it measured no faster and ~10 MiB higher at 1M rows. `slice_rows` bounds
-    the temporaries of validation and tensorization."""
-    source = str(path)
-    check = ShardValidation("dqn", actions=actions, source=source, drop_bad_rows=drop_bad_rows)
+    prefetch: bool,
+    slice_rows: int,
+) -> S:
+    """The shard(s) `parts` — (rank, world_size) pairs, normally one — of the table at
+    `path`, validated by `check` and collected by `make_builder(capacity)` batch by batch.
+    Several parts are laid end to end (`rows_per_part` tells their sizes)."""
     plans = [shard_batches(path, r, w, prefetch=prefetch) for r, w in parts]
     counts = [rows for rows, _ in plans]
-    capacity = None if any(c is None for c in counts) else sum(c or 0 for c in counts)
-    builder = DiscreteShardBuilder(
-        actions,
-        capacity=capacity,
-        use_seq_num_diff_as_time_diff=use_seq_num_diff_as_time_diff,
-        source=source,
-    )
+    builder = make_builder(None if any(c is None for c in counts) else sum(c or 0 for c in counts))
     rows_per_part = []
     timings = dict.fromkeys(("read", "validate", "tensorize"), 0.0)
     clock = time.perf_counter
@@ -428,3 +257,34 @@ def ingest_discrete(
     shard.rows_per_part = rows_per_part
     shard.timings = timings
     return shard
+
+
+def ingest_discrete(
+    path: str | Path,
+    parts: Sequence[tuple[int, int]],
+    actions: Sequence[str],
+    *,
+    use_seq_num_diff_as_time_diff: bool = False,
+    drop_bad_rows: bool = False,
+    prefetch: bool = False,
+    slice_rows: int = 32768,
+) -> DiscreteShard:
+    """The dqn shard(s) `parts` of the table at `path` (`ingest_shard`), validated (as
+    `validate`) and tensorized (as `tensorize_discrete`) batch by batch.
+
+    `prefetch` reads the next row group in a background thread (pyarrow releases the GIL)
+    at the cost of one more row group in memory; off by default, as on the shared 2-core
+    machine it measured no faster and ~10 MiB higher at 1M rows. `slice_rows` bounds
+    the temporaries of validation and tensorization."""
+    source = str(path)
+    check = ShardValidation("dqn", actions=actions, source=source, drop_bad_rows=drop_bad_rows)
+
+    def builder(capacity: int | None) -> DiscreteShardBuilder:
+        return DiscreteShardBuilder(
+            actions,
+            capacity=capacity,
+            use_seq_num_diff_as_time_diff=use_seq_num_diff_as_time_diff,
+            source=source,
+        )
+
+    return ingest_shard(path, parts, check, builder, prefetch=prefetch, slice_rows=slice_rows)

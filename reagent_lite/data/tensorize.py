@@ -346,7 +346,7 @@ def _actions_mask(col: ArrowColumn, actions: Sequence[str], source: str) -> np.n
 
 
 def _is_empty_list(col: ArrowColumn) -> np.ndarray:
-    return np.asarray(pc.list_value_length(col).fill_null(0).to_numpy(zero_copy_only=False) == 0)
+    return list_lengths(col) == 0
 
 
 class _Common:
@@ -445,37 +445,54 @@ def candidates_to_dense(
     presence = np.zeros((n, K, G), np.float32)
     mask = np.zeros((n, K), np.float32)
     for start, chunk in _chunks(col):
-        lengths = pc.list_value_length(chunk).fill_null(0).to_numpy(zero_copy_only=False)
-        if len(lengths) and lengths.max() > K:
-            bad = int((lengths > K).sum())
-            raise DataError(
-                f"{source}: {bad} rows have more than max_candidates={K} candidate actions"
-                f" (largest: {int(lengths.max())})"
-            )
+        rows, pos = candidate_slots(chunk, K, source)
         c_vals, c_pres = sparse_to_dense(chunk.flatten(), feature_ids)
-        rows = np.repeat(np.arange(len(chunk), dtype=np.int64), lengths)
-        pos = np.arange(len(rows), dtype=np.int64) - np.repeat(
-            np.cumsum(lengths) - lengths, lengths
-        )
         values[rows + start, pos] = c_vals
         presence[rows + start, pos] = c_pres
         mask[rows + start, pos] = 1.0
     return values, presence, mask
 
 
+def candidate_slots(
+    chunk: pa.Array, max_candidates: int, source: str = "table"
+) -> tuple[np.ndarray, np.ndarray]:
+    """(row, slot) int64 [E] of each candidate of a list column chunk, in the order of its
+    flattened entries; a `DataError` if a row has more than `max_candidates`."""
+    lengths = list_lengths(chunk)
+    if len(lengths) and lengths.max() > max_candidates:
+        bad = int((lengths > max_candidates).sum())
+        raise DataError(
+            f"{source}: {bad} rows have more than max_candidates={max_candidates} candidate"
+            f" actions (largest: {int(lengths.max())})"
+        )
+    rows = np.repeat(np.arange(len(chunk), dtype=np.int64), lengths)
+    pos = np.arange(len(rows), dtype=np.int64) - np.repeat(np.cumsum(lengths) - lengths, lengths)
+    return rows, pos
+
+
+def list_lengths(col: ArrowColumn) -> np.ndarray:
+    """Entries per row of a list column (a null list has none)."""
+    return np.asarray(pc.list_value_length(col).fill_null(0).to_numpy(zero_copy_only=False))
+
+
 def _match_index(
     action: np.ndarray,
-    action_pres: np.ndarray,
+    action_pres: np.ndarray | None,
     cands: np.ndarray,
-    cand_pres: np.ndarray,
+    cand_pres: np.ndarray | None,
     mask: np.ndarray,
     block: int = 65536,
 ) -> np.ndarray:
-    """Index of the first candidate equal (values and presence) to the action, else -1."""
+    """Index of the first candidate equal (values and presence) to the action, else -1.
+    Without presences the values are NaN-coded (NaN = absent, so NaN matches NaN)."""
     out = np.full(len(action), -1, np.int64)
     for s in range(0, len(action), block):
         e = s + block
-        same = (cands[s:e] == action[s:e, None]) & (cand_pres[s:e] == action_pres[s:e, None])
+        c, a = cands[s:e], action[s:e, None]
+        if action_pres is None or cand_pres is None:
+            same = (c == a) | (np.isnan(c) & np.isnan(a))
+        else:
+            same = (c == a) & (cand_pres[s:e] == action_pres[s:e, None])
         hit = same.all(axis=2) & (mask[s:e] > 0)
         found = hit.any(axis=1)
         out[s:e] = np.where(found, hit.argmax(axis=1), -1)

@@ -8,6 +8,7 @@ else — ranks, sampling, checkpoints, CPE, export files — is common.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -18,20 +19,30 @@ from torch import Tensor, nn
 
 from reagent_lite.data import tensorize as tz
 from reagent_lite.data.disk_stream import (
-    DiskShardStream,
+    load_parametric_window,
     load_window,
     scan_state_ids,
-    stream_units,
+    scan_units,
 )
 from reagent_lite.data.ingest import ingest_discrete
+from reagent_lite.data.ingest_parametric import (
+    CANDIDATE_COLUMNS,
+    PARAMETRIC_FIELDS,
+    ingest_parametric,
+)
+from reagent_lite.data.readers import ShardPiece
 from reagent_lite.distributed.context import DistContext
-from reagent_lite.errors import DataError
 from reagent_lite.models import build_q_network
 from reagent_lite.models.parametric import ParametricQNetwork
 from reagent_lite.normalization.module import Preprocessor, one_intraop_thread
 from reagent_lite.trainers.dqn import DQNTrainer
 from reagent_lite.trainers.parametric_dqn import ParametricDQNTrainer
-from reagent_lite.training.steps import EVAL_ONLY_FIELDS
+from reagent_lite.training.streamed import (
+    DiskStreaming,
+    StreamedShard,
+    ingest_opts,
+    sample_nan_rows,
+)
 from reagent_lite.training.tensordict import TensorDict
 
 # Rows normalized at a time: bounds the temporary memory of the preprocessing pass.
@@ -69,37 +80,6 @@ def _agree(ctx: DistContext, local: set[str]) -> list[str]:
     for ids in ctx.all_gather_object(sorted(local)):
         union.update(ids)
     return _numeric_sorted(union)
-
-
-@dataclass
-class StreamedShard:
-    """A shard from the streaming ingest (`data/ingest.py`): feature matrices in agreed-id
-    order with NaN = absent (no presence matrices), other fields as tensors."""
-
-    features: dict[str, Tensor]  # e.g. "state", "next_state": float32 [N, F]
-    other: dict[str, Tensor]
-    rows_per_part: list[int]
-
-    def __len__(self) -> int:
-        return int(next(iter(self.features.values())).shape[0])
-
-
-def _sample_nan_rows(values: Tensor, n: int, seed: int) -> np.ndarray:
-    """`_sample_rows` for NaN-coded values: the same rows, without copying the shard."""
-    with one_intraop_thread():
-        return _sample_nan_rows_1(values, n, seed)
-
-
-def _sample_nan_rows_1(values: Tensor, n: int, seed: int) -> np.ndarray:
-    any_present = torch.empty(values.shape[0], dtype=torch.bool)
-    step = 1 << 16  # bounds the [rows, F] temporaries
-    for s in range(0, values.shape[0], step):
-        any_present[s : s + step] = ~torch.isnan(values[s : s + step]).all(dim=1)
-    keep = torch.nonzero(any_present).squeeze(1)
-    if keep.shape[0] > n:
-        gen = torch.Generator().manual_seed(seed)
-        keep = keep[torch.randperm(keep.shape[0], generator=gen)[:n]]
-    return values[keep].numpy().astype(np.float64)
 
 
 def _normalize(pre: Preprocessor, values: Tensor, presence: Tensor) -> Tensor:
@@ -156,7 +136,7 @@ class WorkflowKind(Protocol):
     def build_trainer(self, q_net: nn.Module, cfg: Any, unwrapped: nn.Module) -> Any: ...
 
 
-class DiscreteKind:
+class DiscreteKind(DiskStreaming):
     name = "dqn"
 
     def feature_space(self, ctx: DistContext, table: pa.Table, cfg: Any) -> FeatureSpace:
@@ -180,90 +160,23 @@ class DiscreteKind:
     ) -> tuple[FeatureSpace, StreamedShard, dict[str, float]]:
         """Streaming read + validate + tensorize of this rank's shard (`parts`: the (rank,
         world) shards to lay end to end, normally one); the feature ids are agreed here."""
-        shard = ingest_discrete(
-            path,
-            parts,
-            list(cfg.actions),
-            use_seq_num_diff_as_time_diff=cfg.rl.use_seq_num_diff_as_time_diff,
-            drop_bad_rows=cfg.drop_bad_rows,
-        )
+        shard = ingest_discrete(path, parts, list(cfg.actions), **ingest_opts(cfg))
         space = FeatureSpace(state_ids=_agree(ctx, shard.state_ids), actions=list(cfg.actions))
         shard.reorder(space.state_ids)
-        features = {
-            "state": torch.from_numpy(shard.state),
-            "next_state": torch.from_numpy(shard.next_state),
-        }
-        other = {k: torch.from_numpy(v) for k, v in shard.fields.items()}
-        return space, StreamedShard(features, other, shard.rows_per_part), shard.timings
+        return space, StreamedShard.of(shard), shard.timings
 
-    def open_disk_sample(
-        self, ctx: DistContext, cfg: Any, path: str
-    ) -> tuple[FeatureSpace, StreamedShard, list[Any]]:
-        """`stream_from_disk`: the feature ids (from a keys-only scan of the shard, agreed by
-        the ranks), a raw sample of a few seeded row groups (normalization is fitted on it;
-        normalized, it is the column template the step runner sizes its buffers from) and
-        the shard's units (`data/disk_stream.py`) — no rank reads its whole shard."""
-        units = stream_units(path, ctx.rank, ctx.world_size)
-        if not units:
-            raise DataError(
-                f"{path}: rank {ctx.rank} of {ctx.world_size} has an empty shard "
-                "(more ranks than rows?)"
-            )
-        ids = _agree(ctx, scan_state_ids(units))
-        space = FeatureSpace(state_ids=ids, actions=list(cfg.actions))
-        want = min(cfg.stream_window_rows, max(1, cfg.normalization_sample_size // ctx.world_size))
-        order = np.random.default_rng([cfg.seed, ctx.rank, 1]).permutation(len(units))
-        picked: list[Any] = []
-        rows = 0
-        for i in order:
-            if rows >= want:
-                break
-            picked.append(units[int(i)])
-            rows += units[int(i)].num_rows or 0
-        shard = load_window(picked, space.actions, space.state_ids, **self._window_opts(cfg))
-        features = {
-            "state": torch.from_numpy(shard.state),
-            "next_state": torch.from_numpy(shard.next_state),
-        }
-        other = {k: torch.from_numpy(v) for k, v in shard.fields.items()}
-        return space, StreamedShard(features, other, [len(shard)]), units
+    def _scan_space(self, ctx: DistContext, cfg: Any, units: list[ShardPiece]) -> FeatureSpace:
+        return FeatureSpace(state_ids=_agree(ctx, scan_state_ids(units)), actions=list(cfg.actions))
 
-    def _window_opts(self, cfg: Any) -> dict[str, Any]:
-        return {
-            "use_seq_num_diff_as_time_diff": cfg.rl.use_seq_num_diff_as_time_diff,
-            "drop_bad_rows": cfg.drop_bad_rows,
-        }
-
-    def disk_stream(
-        self,
-        ctx: DistContext,
-        cfg: Any,
-        units: list[Any],
-        space: FeatureSpace,
-        pre: dict[str, Preprocessor],
-    ) -> DiskShardStream:
-        """The stream of training windows: each loaded, normalized in place and cut to the
-        columns training reads, in a background thread (`DiskShardStream`)."""
-        state_pre, opts = pre["state"], self._window_opts(cfg)
-
-        def load(window: Any) -> dict[str, Tensor]:
-            raw = load_window(window, space.actions, space.state_ids, **opts)
-            cols = {
-                "state": state_pre.normalize_rows(torch.from_numpy(raw.state)),
-                "next_state": state_pre.normalize_rows(torch.from_numpy(raw.next_state)),
-            }
-            cols.update(
-                (k, torch.from_numpy(v)) for k, v in raw.fields.items() if k not in EVAL_ONLY_FIELDS
-            )
-            return cols
-
-        return DiskShardStream(
-            units, load, window_rows=cfg.stream_window_rows, seed=cfg.seed, rank=ctx.rank
-        )
+    def _load_window(
+        self, cfg: Any, space: FeatureSpace, units: Sequence[ShardPiece]
+    ) -> StreamedShard:
+        shard = load_window(units, space.actions, space.state_ids, **ingest_opts(cfg))
+        return StreamedShard.of(shard)
 
     def norm_samples(self, raw: Any, n: int, seed: int) -> dict[str, np.ndarray]:
         if isinstance(raw, StreamedShard):
-            return {"state": _sample_nan_rows(raw.features["state"], n, seed)}
+            return {"state": sample_nan_rows(raw.features["state"], n, seed)}
         return {"state": _sample_rows(raw.state, raw.state_presence, n, seed)}
 
     def training_tensors(self, raw: Any, pre: dict[str, Preprocessor]) -> TensorDict:
@@ -319,7 +232,7 @@ class DiscreteKind:
         return DQNTrainer.from_config(q_net, cfg, unwrapped=unwrapped)
 
 
-class ParametricKind:
+class ParametricKind(DiskStreaming):
     name = "parametric_dqn"
 
     def feature_space(self, ctx: DistContext, table: pa.Table, cfg: Any) -> FeatureSpace:
@@ -342,7 +255,47 @@ class ParametricKind:
             source=source,
         )
 
+    def load_shard(
+        self, ctx: DistContext, cfg: Any, path: str, parts: list[tuple[int, int]]
+    ) -> tuple[FeatureSpace, StreamedShard, dict[str, float]]:
+        """Streaming read + validate + tensorize of this rank's shard (as `DiscreteKind`);
+        the feature ids and the candidate-set size are agreed here."""
+        shard = ingest_parametric(
+            path, parts, max_candidates=cfg.max_candidates, **ingest_opts(cfg)
+        )
+        k = cfg.max_candidates or max(ctx.all_gather_object(shard.max_candidates))
+        space = FeatureSpace(
+            state_ids=_agree(ctx, shard.state_ids),
+            action_ids=_agree(ctx, shard.action_ids),
+            max_candidates=k,
+        )
+        shard.conform(space.state_ids, space.action_ids, k)
+        return space, StreamedShard.of(shard), shard.timings
+
+    def _scan_space(self, ctx: DistContext, cfg: Any, units: list[ShardPiece]) -> FeatureSpace:
+        lists = () if cfg.max_candidates else CANDIDATE_COLUMNS
+        ids, longest = scan_units(units, {"state": tz.STATE_COLUMNS, "action": ("action",)}, lists)
+        return FeatureSpace(
+            state_ids=_agree(ctx, ids["state"]),
+            action_ids=_agree(ctx, ids["action"]),
+            max_candidates=cfg.max_candidates or max(ctx.all_gather_object(longest)),
+        )
+
+    def _load_window(
+        self, cfg: Any, space: FeatureSpace, units: Sequence[ShardPiece]
+    ) -> StreamedShard:
+        shard = load_parametric_window(
+            units, space.state_ids, space.action_ids, space.max_candidates, **ingest_opts(cfg)
+        )
+        return StreamedShard.of(shard)
+
     def norm_samples(self, raw: Any, n: int, seed: int) -> dict[str, np.ndarray]:
+        if isinstance(raw, StreamedShard):
+            cands = raw.features["possible_actions"]
+            return {
+                "state": sample_nan_rows(raw.features["state"], n, seed),
+                "action": sample_nan_rows(cands.reshape(-1, cands.shape[-1]), n, seed + 1),
+            }
         return {
             "state": _sample_rows(raw.state, raw.state_presence, n, seed),
             "action": _sample_rows(
@@ -352,6 +305,17 @@ class ParametricKind:
 
     def training_tensors(self, raw: Any, pre: dict[str, Preprocessor]) -> TensorDict:
         s, a = pre["state"], pre["action"]
+        if isinstance(raw, StreamedShard):
+            # Normalized in place (rows of [N, K, G] candidates as [N·K, G]): the raw values
+            # are not needed after this.
+            data = {**raw.features, **raw.other}
+            for name, v in raw.features.items():
+                p = s if name in ("state", "next_state") else a
+                data[name] = p.normalize_rows(v.reshape(-1, v.shape[-1])).reshape(
+                    *v.shape[:-1], p.out_dim
+                )
+            raw.features = {}
+            return TensorDict({k: data[k] for k in PARAMETRIC_FIELDS})
         return TensorDict(
             {
                 "state": _normalize(s, raw.state, raw.state_presence),

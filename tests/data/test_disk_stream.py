@@ -128,3 +128,70 @@ def test_bad_row_in_a_later_file_of_the_window_names_that_file(tmp_path: Path) -
     message = str(err.value)
     assert "part-00001.parquet" in message and "part-00000" not in message, message
     assert "row group 1" in message and "row 10" in message, message
+
+
+# ----------------------------------------------------------------------------- parametric
+
+
+def test_parametric_scan_finds_what_the_whole_table_holds(tmp_path: Path) -> None:
+    from reagent_lite.data.disk_stream import scan_units
+    from reagent_lite.data.ingest_parametric import CANDIDATE_COLUMNS
+    from reagent_lite.data.tensorize import STATE_COLUMNS, collect_feature_ids, max_candidates_in
+    from tests.data.test_ingest_parametric import parametric_rows, write_parametric
+
+    data = parametric_rows(200, late_feature_at=190, long_lists_at=180)
+    path = write_parametric(tmp_path / "t.parquet", data, 32)
+    units = stream_units(str(path), 0, 1)
+    ids, longest = scan_units(
+        units, {"state": STATE_COLUMNS, "action": ("action",)}, CANDIDATE_COLUMNS
+    )
+    table = read_table(path)
+    assert ids["state"] == set(collect_feature_ids(table, "state_features"))
+    assert "11" in ids["state"]
+    assert ids["action"] == set(collect_feature_ids(table, "action"))
+    assert longest == max_candidates_in(table) == 6
+    assert scan_units(units[:1], {"action": ("action",)}, CANDIDATE_COLUMNS)[1] == 3
+
+
+def test_parametric_window_equals_the_streaming_ingest(tmp_path: Path) -> None:
+    from reagent_lite.data.disk_stream import load_parametric_window
+    from reagent_lite.data.ingest_parametric import ingest_parametric
+    from tests.data.test_ingest_parametric import parametric_rows, write_parametric
+
+    path = write_parametric(tmp_path / "t.parquet", parametric_rows(160, long_lists_at=100), 20)
+    whole = ingest_parametric(path, [(0, 1)])
+    state_ids, action_ids = sorted(whole.state_ids, key=int), sorted(whole.action_ids, key=int)
+    whole.conform(state_ids, action_ids, 7)
+    units = stream_units(str(path), 0, 1)
+    window = load_parametric_window(
+        units[::-1], state_ids, action_ids, 7, use_seq_num_diff_as_time_diff=False,
+        drop_bad_rows=False,
+    )  # fmt: skip
+    # The window holds the units back to front: compare row groups of 20 rows.
+    order = np.concatenate([np.arange(s, s + 20) for s in range(len(units) * 20 - 20, -1, -20)])
+    for name, arr in whole.features.items():
+        np.testing.assert_array_equal(window.features[name], arr[order], err_msg=name)
+    for name in ("possible_actions_mask", "possible_next_actions_mask", "action_index", "reward"):
+        np.testing.assert_array_equal(window.fields[name], whole.fields[name][order], err_msg=name)
+    with pytest.raises(DataError, match="more than max_candidates=5"):
+        load_parametric_window(
+            units, state_ids, action_ids, 5, use_seq_num_diff_as_time_diff=False,
+            drop_bad_rows=False,
+        )  # fmt: skip
+
+
+def test_parametric_bad_value_in_a_late_row_group_names_it(tmp_path: Path) -> None:
+    from reagent_lite.data.disk_stream import load_parametric_window
+    from tests.data.test_ingest_parametric import parametric_rows, write_parametric
+
+    data = parametric_rows(100)
+    data[93]["possible_next_actions"][0]["102"] = float("nan")
+    path = write_parametric(tmp_path / "t.parquet", data, 20)
+    units = stream_units(str(path), 0, 1)
+    kw = {"use_seq_num_diff_as_time_diff": False, "drop_bad_rows": False}
+    load_parametric_window(units[:4], ["0"], ["100"], 3, **kw)  # the good row groups load
+    with pytest.raises(DataError) as err:
+        load_parametric_window(units, ["0"], ["100"], 3, **kw)
+    message = str(err.value)
+    assert "column 'possible_next_actions'" in message and "row group 4" in message, message
+    assert "row 13" in message, message

@@ -71,14 +71,20 @@ def assert_same(path: Path, rank: int, world: int, **kw: Any) -> None:
     shard.reorder(ids)
     kw.pop("prefetch", None)
     raw, report = whole(path, rank, world, ids, **kw)
-    for name in ("state", "next_state"):
+    assert_equals_raw({"state": shard.state, "next_state": shard.next_state}, shard.fields, raw)
+    assert shard.report.rows_out == report.rows_out and shard.report.rows_in == report.rows_in
+
+
+def assert_equals_raw(
+    features: dict[str, np.ndarray], fields: dict[str, np.ndarray], raw: Any
+) -> None:
+    """NaN-coded `features` hold raw's values where present; `fields` equal raw's."""
+    for name, got in features.items():
         values = getattr(raw, name).numpy()
         presence = getattr(raw, f"{name}_presence").numpy()
-        expected = np.where(presence > 0, values, np.nan)
-        np.testing.assert_array_equal(getattr(shard, name), expected)
-    for name, arr in shard.fields.items():
+        np.testing.assert_array_equal(got, np.where(presence > 0, values, np.nan), err_msg=name)
+    for name, arr in fields.items():
         np.testing.assert_array_equal(arr, getattr(raw, name).numpy(), err_msg=name)
-    assert shard.report.rows_out == report.rows_out and shard.report.rows_in == report.rows_in
 
 
 @pytest.mark.parametrize("world", [1, 2, 3])

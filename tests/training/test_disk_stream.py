@@ -4,27 +4,38 @@ from __future__ import annotations
 
 import json
 import math
+import threading
 from pathlib import Path
 from typing import Any
 
 import pyarrow.parquet as pq
 import pytest
+import torch
 
 from reagent_lite.config import DQNWorkflowConfig, ParametricDQNWorkflowConfig, config_from_dict
+from reagent_lite.config.models import WorkflowConfig
+from reagent_lite.data.disk_stream import load_window, stream_units
 from reagent_lite.distributed.context import DistContext
-from reagent_lite.errors import ConfigError
+from reagent_lite.errors import DataError
+from reagent_lite.normalization.params import save_normalization
+from reagent_lite.training import steps
 from reagent_lite.training.loop import Workflow
+from tests.conftest import run_module
 from tests.data.test_ingest import ACTIONS, rows, write
+from tests.data.test_ingest_parametric import parametric_rows, write_parametric
 from tests.workflows.nodes import Job, assert_outputs_once, epoch_losses, write_config
 
 TRAINING = {"layers": [-1, 16, -1], "activations": ["relu", "linear"], "minibatch_size": 32}
 
 
 def _cfg(data: Path, out: Path, **extra: Any) -> DQNWorkflowConfig:
-    cfg: dict[str, Any] = {
+    return config_from_dict(_settings(data, out, actions=ACTIONS, **extra), DQNWorkflowConfig)
+
+
+def _settings(data: Path, out: Path, **extra: Any) -> dict[str, Any]:
+    return {
         "training_data_path": str(data),
         "model_output_path": str(out),
-        "actions": ACTIONS,
         "use_gpu": False,
         "use_all_avail_gpus": False,
         "epochs": 2,
@@ -36,11 +47,10 @@ def _cfg(data: Path, out: Path, **extra: Any) -> DQNWorkflowConfig:
         "evaluation": {"calc_cpe_in_training": False},
         **extra,
     }
-    return config_from_dict(cfg, DQNWorkflowConfig)
 
 
-def _run(cfg: DQNWorkflowConfig) -> Workflow:
-    wf = Workflow("dqn", cfg, DistContext.single("cpu"))
+def _run(cfg: WorkflowConfig, device: str = "cpu") -> Workflow:
+    wf = Workflow(cfg.workflow, cfg, DistContext.single(device))
     try:
         wf.setup()
         wf.train()
@@ -90,35 +100,123 @@ def test_reproducible(tmp_path: Path) -> None:
     assert a.norm == b.norm
 
 
-def test_parametric_refused_by_config() -> None:
-    with pytest.raises((ConfigError, ValueError), match="stream_from_disk"):
-        config_from_dict(
-            {
-                "training_data_path": "x",
-                "model_output_path": "y",
-                "stream_from_disk": True,
-            },
-            ParametricDQNWorkflowConfig,
-        )
+def _prefetch_workers() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name == "reagent-lite-prefetch"]
 
 
-def test_two_processes_over_gloo_same_steps_uneven_shards(tmp_path: Path) -> None:
-    # 11 row groups of 64 (the last 60): rank 0 reads 6 of them (380 rows), rank 1 5 (320).
+def test_bad_row_in_a_later_window_raises_the_readers_error(tmp_path: Path) -> None:
+    # Row group 10 of 11: not in the seeded normalization sample (row groups 6 and 5), so
+    # setup passes and the window holding it fails in the background mid-epoch.
+    data = rows(700)
+    data[680]["action"] = "jump"
+    path = write(tmp_path / "t.parquet", data, 64)
+    unit = stream_units(str(path), 0, 1)[10]
+    with pytest.raises(DataError) as direct:
+        load_window([unit], ACTIONS, None, use_seq_num_diff_as_time_diff=False, drop_bad_rows=False)
+    wf = Workflow("dqn", _cfg(path, tmp_path / "out"), DistContext.single("cpu"))
+    try:
+        wf.setup()
+        with pytest.raises(DataError) as err:
+            wf.train()
+    finally:
+        wf.cleanup()
+    assert str(err.value) == str(direct.value)  # as the reader raised it
+    assert "row group 10" in str(err.value)
+    assert not _prefetch_workers()
+
+
+def test_error_in_training_mid_epoch_stops_the_chunk_worker(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     data = write(tmp_path / "t.parquet", rows(700), 64)
+    wf = Workflow("dqn", _cfg(data, tmp_path / "out"), DistContext.single("cpu"))
+    try:
+        wf.setup()
+        step, calls = wf.trainer.train_step, [0]
+
+        def failing(batches: Any) -> Any:
+            calls[0] += 1
+            if calls[0] == 5:
+                raise RuntimeError("training failed")
+            return step(batches)
+
+        monkeypatch.setattr(wf.trainer, "train_step", failing)
+        with pytest.raises(RuntimeError, match="training failed"):
+            wf.train()
+        assert _prefetch_workers()  # the epoch's stream is still open here
+    finally:
+        wf.cleanup()
+    assert not _prefetch_workers()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kind", ["dqn", "parametric_dqn"])
+def test_cuda_prefetched_chunks_graph_and_eager_agree(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, kind: str
+) -> None:
+    # Chunks of 2 steps: the disk's chunks (up to 4 steps) are cut, so pinned buffers are
+    # sliced and reused many times per epoch.
+    monkeypatch.setattr(steps, "DEFAULT_CHUNK_ROWS", 64)
+    torch.backends.cuda.matmul.allow_tf32 = False
+    n = 700
+    make: Any
+    if kind == "dqn":
+        data, make = write(tmp_path / "t.parquet", rows(n, late_feature_at=n - 40), 64), _cfg
+    else:
+        table = parametric_rows(n, late_feature_at=n - 40, long_lists_at=n - 60)
+        data, make = write_parametric(tmp_path / "t.parquet", table, 64), _pcfg
+    runs = {}
+    for name, device, graphs in [
+        ("cpu", "cpu", False),
+        ("eager", "cuda:0", False),
+        ("graph", "cuda:0", True),
+    ]:
+        cfg = make(data, tmp_path / name, use_gpu=device != "cpu", cuda_graphs=graphs)
+        runs[name] = _run(cfg, device)
+        assert not _prefetch_workers()
+    for name in ("eager", "graph"):
+        runner = runs[name].step_runner()
+        assert runner.mode == name, runner.describe()
+        assert runner.chunk_rows == 64 and "pinned" in runner.describe()
+        records = [
+            json.loads(x) for x in (tmp_path / name / "metrics.jsonl").read_text().splitlines()
+        ]
+        steps_per_epoch = math.ceil(n / 32)
+        assert [r["steps"] for r in records if "transitions_per_s" in r] == [
+            steps_per_epoch,
+            2 * steps_per_epoch,
+        ]
+        # The same rows in the same order as on the CPU: the same losses, up to rounding.
+        assert epoch_losses(tmp_path / name) == pytest.approx(
+            epoch_losses(tmp_path / "cpu"), rel=1e-3
+        )
+    eager, graph = (runs[k].q_net.state_dict() for k in ("eager", "graph"))
+    for key, value in eager.items():
+        torch.testing.assert_close(graph[key], value, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("kind", ["dqn", "parametric_dqn"])
+def test_two_processes_over_gloo_same_steps_uneven_shards(tmp_path: Path, kind: str) -> None:
+    # 11 row groups of 64 (the last 60): rank 0 reads 6 of them (380 rows), rank 1 5 (320).
+    if kind == "dqn":
+        data, extra = write(tmp_path / "t.parquet", rows(700), 64), {"actions": ACTIONS}
+    else:  # 6-candidate lists only in row group 10 (rank 0's): the ranks must agree on K
+        table = parametric_rows(700, long_lists_at=650)
+        data, extra = write_parametric(tmp_path / "t.parquet", table, 64), {}
     assert pq.ParquetFile(data).metadata.num_row_groups == 11
     cfg = write_config(
         tmp_path / "c.json",
-        "dqn",
+        kind,
         data,
         tmp_path / "out",
-        actions=ACTIONS,
         num_nodes=2,
         init_method=(tmp_path / "rdzv").as_uri(),
         stream_from_disk=True,
         stream_window_rows=100,
         normalization_sample_size=100,
+        **extra,
     )
-    job = Job("dqn", cfg, tmp_path / "logs", env={"REAGENT_LITE_VERIFY_REPLICAS": "1"})
+    job = Job(kind, cfg, tmp_path / "logs", env={"REAGENT_LITE_VERIFY_REPLICAS": "1"})
     try:
         nodes = job.run(2)
     finally:
@@ -130,6 +228,9 @@ def test_two_processes_over_gloo_same_steps_uneven_shards(tmp_path: Path) -> Non
     steps = math.ceil(380 / 32)
     records = [json.loads(x) for x in (tmp_path / "out" / "metrics.jsonl").read_text().splitlines()]
     assert [r["steps"] for r in records if "transitions_per_s" in r] == [steps, 2 * steps]
+    if kind == "parametric_dqn":
+        meta = json.loads((tmp_path / "out" / "model_meta.json").read_text())
+        assert meta["max_candidates"] == 6
 
 
 def test_peak_memory_does_not_grow_with_the_table(tmp_path: Path) -> None:
@@ -150,3 +251,87 @@ def test_peak_memory_does_not_grow_with_the_table(tmp_path: Path) -> None:
         assert result["windows_loaded"] >= 3
         peaks[n] = result["peak_over_base_mib"]
     assert peaks[2_000_000] - peaks[200_000] < 40, peaks
+
+
+# ----------------------------------------------------------------------------- parametric
+
+
+def _pcfg(data: Path, out: Path, **extra: Any) -> ParametricDQNWorkflowConfig:
+    return config_from_dict(_settings(data, out, **extra), ParametricDQNWorkflowConfig)
+
+
+def test_parametric_trains_to_completion_reading_windows(tmp_path: Path) -> None:
+    n = 700
+    data = parametric_rows(n, late_feature_at=n - 40, long_lists_at=n - 60)
+    path = write_parametric(tmp_path / "t.parquet", data, 64)
+    wf = _run(_pcfg(path, tmp_path / "out"))
+    assert_outputs_once(tmp_path / "out")
+    assert wf.steps_per_epoch == math.ceil(n / 32)  # from the footers: one pass
+    # Found by the keys scan though the sample (2 row groups) may miss them: a late state
+    # feature, and the 6-candidate lists of the last row groups.
+    assert "11" in wf.space.state_ids and wf.space.max_candidates == 6
+    assert wf.space.action_ids == ["100", "101", "102", "103"]  # not candidate-only "150"
+    assert len(wf.train_data) < n  # only the normalization sample was ever held whole
+    assert wf.train_data.possible_actions.shape[1:] == (6, wf.pre["action"].out_dim)
+    assert wf.disk is not None and wf.disk.windows_loaded >= 2 * math.ceil(n / 150)
+    meta = json.loads((tmp_path / "out" / "model_meta.json").read_text())
+    assert meta["max_candidates"] == 6
+    records = [json.loads(x) for x in (tmp_path / "out" / "metrics.jsonl").read_text().splitlines()]
+    epochs = [r for r in records if "transitions_per_s" in r]
+    assert [r["steps"] for r in epochs] == [wf.steps_per_epoch, 2 * wf.steps_per_epoch]
+    assert all(math.isfinite(r["loss"]) for r in epochs)
+
+
+def test_parametric_epoch_is_the_resident_tensors_each_row_once(tmp_path: Path) -> None:
+    # 320 rows in 8 row groups, 10 steps of 32: one epoch is exactly one pass.
+    path = write_parametric(tmp_path / "t.parquet", parametric_rows(320, long_lists_at=200), 40)
+    resident = Workflow(
+        "parametric_dqn",
+        _pcfg(path, tmp_path / "r", stream_from_disk=False),
+        DistContext.single("cpu"),
+    )
+    resident.load_training_data()
+    # The same normalization for both (the disk path fits its own on a sample otherwise).
+    norm = {}
+    for name, params in resident.norm.items():
+        norm[f"{name}_norm_data_path"] = str(tmp_path / f"{name}.json")
+        save_normalization(tmp_path / f"{name}.json", params)
+    wf = Workflow("parametric_dqn", _pcfg(path, tmp_path / "d", **norm), DistContext.single("cpu"))
+    wf.load_training_data()
+    assert wf.space.to_json() == resident.space.to_json()
+    assert wf.disk is not None and wf.disk.num_rows == 320
+    wf.disk.configure(step_rows=32, steps_per_epoch=10, device=torch.device("cpu"))
+    want = {k: v for k, v in resident.train_data.items() if k not in steps.EVAL_ONLY_FIELDS}
+    want_order = torch.argsort(want["reward"])
+    try:
+        for epoch in range(2):
+            chunks = list(wf.disk.epoch_chunks(epoch))
+            assert sum(rows for _, rows in chunks) == 320
+            got = {k: torch.cat([c[k] for c, _ in chunks]) for k in chunks[0][0]}
+            assert list(got) == list(want)
+            order = torch.argsort(got["reward"])
+            for name, t in want.items():
+                torch.testing.assert_close(got[name][order], t[want_order], msg=name)
+    finally:
+        wf.disk.close()
+
+
+def test_parametric_bad_value_in_a_late_row_group_exits_3(tmp_path: Path) -> None:
+    data = parametric_rows(700)
+    data[680]["possible_actions"][0]["101"] = float("nan")  # row group 10 of 11
+    path = write_parametric(tmp_path / "t.parquet", data, 64)
+    # Seed 7 samples row groups 9 and 2 for normalization: setup passes, training fails.
+    cfg = write_config(
+        tmp_path / "c.json",
+        "parametric_dqn",
+        path,
+        tmp_path / "out",
+        stream_from_disk=True,
+        stream_window_rows=150,
+        normalization_sample_size=100,
+    )
+    done = run_module("workflows.parametric_dqn_workflow", "--config", str(cfg), timeout=240)
+    assert done.returncode == DataError.exit_code == 3, done.stderr[-3000:]
+    assert "column 'possible_actions'" in done.stderr and "row group 10" in done.stderr
+    assert "Traceback" not in done.stderr
+    assert not (tmp_path / "out" / "model.pt2").exists()
