@@ -31,9 +31,10 @@ from reagent_lite.normalization.identify import fit_normalization
 from reagent_lite.normalization.module import Preprocessor
 from reagent_lite.normalization.params import NormalizationParameters, load_normalization
 from reagent_lite.training import checkpoint as ckpt
+from reagent_lite.training.graphs import ddp_construction, plain_lr
 from reagent_lite.training.kinds import KINDS, FeatureSpace
 from reagent_lite.training.metrics import MetricsWriter
-from reagent_lite.training.steps import StepRunner, ddp_construction, plain_lr
+from reagent_lite.training.steps import StepRunner
 from reagent_lite.training.tensordict import TensorDict
 from reagent_lite.training.verify import (
     check_replicas,

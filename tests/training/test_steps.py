@@ -13,6 +13,7 @@ import torch
 from reagent_lite.config import DQNWorkflowConfig, ParametricDQNWorkflowConfig, config_from_dict
 from reagent_lite.distributed.context import DistContext
 from reagent_lite.training import steps
+from reagent_lite.training.graphs import GradAllReduce
 from reagent_lite.training.loop import Workflow
 from reagent_lite.training.steps import LazyBatch, training_columns
 from reagent_lite.training.tensordict import TensorDict
@@ -216,7 +217,7 @@ def _grad_sync_worker(rank: int, init: str, out: str) -> None:
             trainer = DQNTrainer(ddp, hp, n_actions=2, unwrapped=net)
             if explicit:  # what the captured multi-process step does
                 trainer.q_net = net
-                trainer.grad_sync = steps.GradAllReduce(list(net.parameters()), 2)
+                trainer.grad_sync = GradAllReduce(list(net.parameters()), 2)
             for _ in range(4):
                 trainer.train_step(
                     [batch.index(torch.arange(0, 32)), batch.index(torch.arange(32, 64))]
@@ -245,7 +246,7 @@ def test_explicit_grad_all_reduce_equals_ddp(tmp_path: Path) -> None:
 
 def test_checkpointed_optimizer_state_resumes_without_graphs() -> None:
     """A graph run's optimizer (capturable, tensor lr) must load into a plain CPU Adam."""
-    from reagent_lite.training.steps import plain_lr
+    from reagent_lite.training.graphs import plain_lr
 
     net = torch.nn.Linear(3, 2)
     captured = torch.optim.Adam(net.parameters(), lr=1e-3)
