@@ -346,7 +346,12 @@ def main(argv: list[str] | None = None) -> None:
              ("param:ours", "ours"), ("param:ours-graph", "ours-graph")]  # fmt: skip
     for a, b in pairs:
         if a in med and b in med:
-            print(f"  {a} / {b}: {med[a] / med[b]:.3f}")
+            # Paired: the ratio within each round (same minutes), then the median and the
+            # range over rounds — steadier than a ratio of medians on a shared machine.
+            per_round = [x / y for x, y in zip(results[a], results[b], strict=True)]
+            print(f"  {a} / {b}: {med[a] / med[b]:.3f} (paired by round: median "
+                  f"{statistics.median(per_round):.3f}, range {min(per_round):.3f}–"
+                  f"{max(per_round):.3f})")  # fmt: skip
     if dev.type == "cuda":
         print(f"  peak GPU memory {torch.cuda.max_memory_allocated(dev) / 2**20:.0f} MiB")
     if args.json:
