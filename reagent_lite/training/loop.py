@@ -13,32 +13,27 @@ import time
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-import pyarrow as pa
 import torch
 from torch import Tensor, nn
 from tqdm import tqdm
 
 from reagent_lite.data.disk_stream import DiskShardStream
-from reagent_lite.data.readers import read_shard
 from reagent_lite.data.sampler import EpochSampler, UnionSampler
-from reagent_lite.data.validate import validate
 from reagent_lite.distributed.context import DistContext
 from reagent_lite.errors import ConfigError, TrainingError
 from reagent_lite.evaluation.cpe_models import CpeModelTrainer, CpeNets
 from reagent_lite.evaluation.evaluator import evaluate_cpe
-from reagent_lite.normalization.identify import fit_normalization
 from reagent_lite.normalization.module import Preprocessor
-from reagent_lite.normalization.params import NormalizationParameters, load_normalization
+from reagent_lite.normalization.params import NormalizationParameters
 from reagent_lite.training import checkpoint as ckpt
 from reagent_lite.training.graphs import ddp_construction, plain_lr
 from reagent_lite.training.kinds import KINDS, FeatureSpace
 from reagent_lite.training.metrics import MetricsWriter
+from reagent_lite.training.shard import load_training_shard, read_validated
 from reagent_lite.training.steps import StepRunner
 from reagent_lite.training.tensordict import TensorDict
 from reagent_lite.training.verify import (
     check_replicas,
-    emulated_world_size,
     replica_digest,
     verify_every,
 )
@@ -120,111 +115,19 @@ class Workflow:
 
     def load_training_data(self, *, streaming: bool = True) -> None:
         """Reads, validates, tensorizes and normalizes this rank's training shard on the CPU
-        into `space`, `norm`, `pre` and `train_data`; `ingest_timings` says where the time
-        went (seconds). `benchmarks/bench_ingest.py` measures this very method
-        (`streaming=False`: the whole-table path, kept for kinds without `load_shard`)."""
-        cfg, ctx = self.cfg, self.ctx
-        clock = time.perf_counter
-        t0 = clock()
-        timings: dict[str, float]
-        load = getattr(self.kind, "load_shard", None) if streaming else None
-        units = None
-        if getattr(cfg, "stream_from_disk", False):
-            # Only a sample is read here; training reads the shard window by window.
-            self.space, raw, units = self.kind.open_disk_sample(  # type: ignore[attr-defined]
-                ctx, cfg, cfg.training_data_path
-            )
-            timings = {"sample": clock() - t0}
-        elif load is not None:
-            # Streaming: row group by row group into preallocated arrays (data/ingest.py).
-            world = emulated_world_size(ctx.world_size)
-            parts = [(r, world) for r in range(world)] if world else [(ctx.rank, ctx.world_size)]
-            self.space, raw, timings = load(ctx, cfg, cfg.training_data_path, parts)
-            if world is not None:
-                self.emulated_shards = raw.rows_per_part
-        else:
-            table = self._read_training_shard()
-            t = clock()
-            self.space = self.kind.feature_space(ctx, table, cfg)
-            raw = self.kind.tensorize(table, self.space, cfg, str(cfg.training_data_path))
-            del table
-            timings = {"read+validate": t - t0, "tensorize": clock() - t}
-        t1 = clock()
-        self.norm = self._normalization(raw)
-        self.pre = {
-            name: Preprocessor(self._ids(name), params) for name, params in self.norm.items()
-        }
-        t2 = clock()
-        self.train_data = self.kind.training_tensors(raw, self.pre)
-        del raw
-        if units is not None:
-            self.disk = self.kind.disk_stream(  # type: ignore[attr-defined]
-                ctx, cfg, units, self.space, self.pre
-            )
-        t3 = clock()
-        self.ingest_timings = {**timings, "fit": t2 - t1, "normalize": t3 - t2, "total": t3 - t0}
-
-    def _ids(self, name: str) -> list[str]:
-        return self.space.state_ids if name == "state" else self.space.action_ids
-
-    def _read_training_shard(self) -> Any:
-        """This rank's shard; when emulating W ranks, their W shards end to end in rank order."""
-        path, ctx = self.cfg.training_data_path, self.ctx
-        world = emulated_world_size(ctx.world_size)
-        if world is None:
-            return self._read(path, ctx.rank, ctx.world_size)
-        tables = [self._read(path, r, world) for r in range(world)]
-        self.emulated_shards = [t.num_rows for t in tables]
-        return pa.concat_tables(tables)
-
-    def _read(self, path: str, rank: int, world: int) -> Any:
-        table = read_shard(path, rank, world)
-        table, _report = validate(
-            table,
-            self.kind.name,  # type: ignore[arg-type]
-            actions=getattr(self.cfg, "actions", None),
-            source=str(path),
-            drop_bad_rows=self.cfg.drop_bad_rows,
-        )
-        return table
-
-    def _normalization(self, raw: Any) -> dict[str, dict[str, NormalizationParameters]]:
-        """Loads the configured normalization, or fits it from a sample of every shard."""
-        cfg, ctx = self.cfg, self.ctx
-        given = {"state": cfg.state_norm_data_path}
-        if self.kind.name == "parametric_dqn":
-            given["action"] = cfg.action_norm_data_path
-        norm: dict[str, dict[str, NormalizationParameters]] = {}
-        per_rank = max(1, cfg.normalization_sample_size // ctx.world_size)
-        samples = self.kind.norm_samples(raw, per_rank, cfg.seed + ctx.rank)
-        for name, path in given.items():
-            if path:
-                norm[name] = load_normalization(Path(path))
-                missing = [f for f in self._ids(name) if f not in norm[name]]
-                if missing:
-                    raise ConfigError(
-                        f"{name}_norm_data_path: {path} has no parameters for feature ids "
-                        f"{missing[:10]} found in the training data"
-                    )
-                continue
-            # Every rank contributes its sample; rank 0 fits and broadcasts, so all ranks
-            # hold bit-identical parameters whatever their shards.
-            gathered = ctx.all_gather_object(samples[name])
-            fitted = None
-            if ctx.is_rank_zero:
-                fitted = fit_normalization(
-                    np.concatenate(gathered, axis=0),
-                    self._ids(name),
-                    action=(name == "action"),
-                )
-            norm[name] = ctx.broadcast_object(fitted)
-        return norm
+        into `space`, `norm`, `pre` and `train_data` (and `disk` under `stream_from_disk`);
+        `ingest_timings` says where the time went (seconds). `benchmarks/bench_ingest.py`
+        measures this very method (`streaming=False`: the whole-table path)."""
+        shard = load_training_shard(self.kind, self.cfg, self.ctx, streaming=streaming)
+        self.space, self.norm, self.pre = shard.space, shard.norm, shard.pre
+        self.train_data, self.ingest_timings = shard.train_data, shard.timings
+        self.emulated_shards, self.disk = shard.emulated_shards, shard.disk
 
     def _eval_tensors(self) -> TensorDict | None:
         path = self.cfg.eval_data_path
         if not path:
             return None
-        table = self._read(path, 0, 1)
+        table = read_validated(self.kind.name, self.cfg, path, 0, 1)
         raw = self.kind.tensorize(table, self.space, self.cfg, str(path))
         return self.kind.training_tensors(raw, self.pre).to(self.device)
 

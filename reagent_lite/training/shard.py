@@ -1,0 +1,148 @@
+"""A rank's training shard, loaded: read, validated, tensorized, normalized (on the CPU).
+
+Three ways in, one result (`LoadedShard`):
+* streaming ingest (the default, `kind.load_shard`): row group by row group into
+  preallocated arrays (`data/ingest.py`, `data/ingest_parametric.py`);
+* `stream_from_disk`: only a normalization sample is read here, and a `DiskShardStream`
+  reads the shard window by window while training;
+* the whole-table path (`streaming=False`): read, validate and tensorize the whole shard —
+  what `benchmarks/bench_ingest.py --compare` measures the streaming ingest against.
+
+Normalization is loaded from the configured files or fitted by rank 0 from every rank's
+sample and broadcast, so all ranks hold bit-identical parameters whatever their shards.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from reagent_lite.data.disk_stream import DiskShardStream
+from reagent_lite.data.readers import read_shard
+from reagent_lite.data.validate import validate
+from reagent_lite.distributed.context import DistContext
+from reagent_lite.errors import ConfigError
+from reagent_lite.normalization.identify import fit_normalization
+from reagent_lite.normalization.module import Preprocessor
+from reagent_lite.normalization.params import NormalizationParameters, load_normalization
+from reagent_lite.training.kinds import FeatureSpace
+from reagent_lite.training.tensordict import TensorDict
+from reagent_lite.training.verify import emulated_world_size
+
+
+@dataclass
+class LoadedShard:
+    space: FeatureSpace
+    norm: dict[str, dict[str, NormalizationParameters]]
+    pre: dict[str, Preprocessor]
+    # The normalized training tensors (under `stream_from_disk`: only the sample).
+    train_data: TensorDict
+    timings: dict[str, float]  # seconds per stage
+    disk: DiskShardStream | None = None
+    # Rows of each emulated rank's shard (REAGENT_LITE_EMULATE_WORLD_SIZE), else None.
+    emulated_shards: list[int] | None = None
+
+
+def read_validated(kind_name: str, cfg: Any, path: str, rank: int, world: int) -> pa.Table:
+    """Shard `rank` of `world` of the table at `path`, validated (whole-table path)."""
+    table = read_shard(path, rank, world)
+    table, _report = validate(
+        table,
+        kind_name,  # type: ignore[arg-type]
+        actions=getattr(cfg, "actions", None),
+        source=str(path),
+        drop_bad_rows=cfg.drop_bad_rows,
+    )
+    return table
+
+
+def load_training_shard(
+    kind: Any, cfg: Any, ctx: DistContext, *, streaming: bool = True
+) -> LoadedShard:
+    """This rank's training shard, normalized (see the module notes)."""
+    clock = time.perf_counter
+    t0 = clock()
+    timings: dict[str, float]
+    load = getattr(kind, "load_shard", None) if streaming else None
+    units = None
+    emulated: list[int] | None = None
+    if getattr(cfg, "stream_from_disk", False):
+        # Only a sample is read here; training reads the shard window by window.
+        space, raw, units = kind.open_disk_sample(ctx, cfg, cfg.training_data_path)
+        timings = {"sample": clock() - t0}
+    elif load is not None:
+        world = emulated_world_size(ctx.world_size)
+        parts = [(r, world) for r in range(world)] if world else [(ctx.rank, ctx.world_size)]
+        space, raw, timings = load(ctx, cfg, cfg.training_data_path, parts)
+        if world is not None:
+            emulated = raw.rows_per_part
+    else:
+        table, emulated = _read_training_table(kind.name, cfg, ctx)
+        t = clock()
+        space = kind.feature_space(ctx, table, cfg)
+        raw = kind.tensorize(table, space, cfg, str(cfg.training_data_path))
+        del table
+        timings = {"read+validate": t - t0, "tensorize": clock() - t}
+    t1 = clock()
+    norm = _normalization(kind, cfg, ctx, space, raw)
+    pre = {name: Preprocessor(_ids(space, name), params) for name, params in norm.items()}
+    t2 = clock()
+    train_data = kind.training_tensors(raw, pre)
+    del raw
+    disk = kind.disk_stream(ctx, cfg, units, space, pre) if units is not None else None
+    t3 = clock()
+    timings = {**timings, "fit": t2 - t1, "normalize": t3 - t2, "total": t3 - t0}
+    return LoadedShard(space, norm, pre, train_data, timings, disk, emulated)
+
+
+def _ids(space: FeatureSpace, name: str) -> list[str]:
+    return space.state_ids if name == "state" else space.action_ids
+
+
+def _read_training_table(
+    kind_name: str, cfg: Any, ctx: DistContext
+) -> tuple[pa.Table, list[int] | None]:
+    """This rank's shard; when emulating W ranks, their W shards end to end in rank order
+    (with the row count of each)."""
+    path = cfg.training_data_path
+    world = emulated_world_size(ctx.world_size)
+    if world is None:
+        return read_validated(kind_name, cfg, path, ctx.rank, ctx.world_size), None
+    tables = [read_validated(kind_name, cfg, path, r, world) for r in range(world)]
+    return pa.concat_tables(tables), [t.num_rows for t in tables]
+
+
+def _normalization(
+    kind: Any, cfg: Any, ctx: DistContext, space: FeatureSpace, raw: Any
+) -> dict[str, dict[str, NormalizationParameters]]:
+    """Loads the configured normalization, or fits it from a sample of every shard."""
+    given = {"state": cfg.state_norm_data_path}
+    if kind.name == "parametric_dqn":
+        given["action"] = cfg.action_norm_data_path
+    norm: dict[str, dict[str, NormalizationParameters]] = {}
+    per_rank = max(1, cfg.normalization_sample_size // ctx.world_size)
+    samples = kind.norm_samples(raw, per_rank, cfg.seed + ctx.rank)
+    for name, path in given.items():
+        if path:
+            norm[name] = load_normalization(Path(path))
+            missing = [f for f in _ids(space, name) if f not in norm[name]]
+            if missing:
+                raise ConfigError(
+                    f"{name}_norm_data_path: {path} has no parameters for feature ids "
+                    f"{missing[:10]} found in the training data"
+                )
+            continue
+        # Every rank contributes its sample; rank 0 fits and broadcasts.
+        gathered = ctx.all_gather_object(samples[name])
+        fitted = None
+        if ctx.is_rank_zero:
+            fitted = fit_normalization(
+                np.concatenate(gathered, axis=0), _ids(space, name), action=(name == "action")
+            )
+        norm[name] = ctx.broadcast_object(fitted)
+    return norm
