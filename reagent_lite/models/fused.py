@@ -60,6 +60,7 @@ class _FusedMLP(torch.autograd.Function):
         return outs[-1]
 
     @staticmethod
+    @torch.autograd.function.once_differentiable  # the backward itself is not differentiable
     def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, ...]:
         n = len(ctx.relu)
         saved = ctx.saved_tensors
@@ -111,8 +112,12 @@ def fused_mlp(
 
 def fusable_here(x: Tensor) -> bool:
     """Whether the fused path may run for input `x`: a CPU floating tensor, outside
-    `torch.export` / `torch.compile` tracing (they must see the plain modules)."""
+    `torch.export` / `torch.compile` tracing, `torch.func` transforms and CPU autocast
+    (they must see the plain modules: the node has no vmap rule and saves activations in
+    the autocast dtype)."""
     if x.device.type != "cpu" or not x.is_floating_point():
+        return False
+    if torch.is_autocast_enabled("cpu") or torch._C._are_functorch_transforms_active():
         return False
     compiler = torch.compiler
     if compiler.is_compiling():

@@ -153,13 +153,18 @@ class SoftUpdate:
     """target ← (1 − τ)·target + τ·online, one fused foreach kernel over all parameters.
 
     The parameter lists are taken once: walking the module tree every step costs more
-    than the update itself on a CPU. Loading a state dict copies into the same tensors,
-    so the lists stay valid."""
+    than the update itself on a CPU. They hold the `Parameter` objects, which `.to()` and
+    an in-place `load_state_dict` keep; whatever replaces them (`load_state_dict(...,
+    assign=True)`, buffers moved by `.to()`) must call `refresh()`."""
 
     def __init__(self, target: nn.Module, online: nn.Module):
-        self.targets: list[torch.Tensor] = list(target.parameters())
-        self.sources = [p.detach() for p in online.parameters()]
-        self.buffers = list(zip(target.buffers(), online.buffers(), strict=True))
+        self.target, self.online = target, online
+        self.refresh()
+
+    def refresh(self) -> None:
+        self.targets: list[torch.Tensor] = list(self.target.parameters())
+        self.sources: list[torch.Tensor] = list(self.online.parameters())
+        self.buffers = list(zip(self.target.buffers(), self.online.buffers(), strict=True))
 
     @torch.no_grad()
     def __call__(self, tau: float) -> None:
@@ -341,3 +346,4 @@ class QLearningTrainer(Generic[BatchT]):
         self.target.load_state_dict(state["target"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
+        self._soft_update.refresh()

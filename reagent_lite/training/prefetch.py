@@ -78,17 +78,25 @@ class ChunkPrefetcher:
         self.chunk_rows = chunk_rows
         self.cuda = device.type == "cuda"
         self.ahead = (1 if self.cuda else 0) if ahead is None else ahead
+        self._template = {k: (v.shape[1:], v.dtype) for k, v in template.items()}
         self._pinned: list[dict[str, Tensor]] = []
         self._copied: list[torch.cuda.Event | None] = [None, None]
         if self.cuda:
             self._side = torch.cuda.Stream(device)
-            self._pinned = [
-                {
-                    k: torch.empty((chunk_rows, *v.shape[1:]), dtype=v.dtype, pin_memory=True)
-                    for k, v in template.items()
-                }
-                for _ in range(2)
-            ]
+            self._fresh_buffers()
+
+    def _fresh_buffers(self) -> None:
+        """Two pinned host buffers of `chunk_rows` rows per column (CUDA only)."""
+        if not self.cuda:
+            return
+        self._pinned = [
+            {
+                k: torch.empty((self.chunk_rows, *shape), dtype=dtype, pin_memory=True)
+                for k, (shape, dtype) in self._template.items()
+            }
+            for _ in range(2)
+        ]
+        self._copied = [None, None]
 
     def gathered(
         self, columns: Mapping[str, Tensor], order: Tensor
@@ -126,6 +134,12 @@ class ChunkPrefetcher:
         """Chunk `n` of a stream on its way to the device, with the event its copy records."""
         if not self.cuda:
             return fill(None), rows, None
+        # A new thread starts on GPU 0: without this, a rank on another GPU would create a
+        # context there (and wait on events) from the worker.
+        with torch.cuda.device(self.device):
+            return self._stage_cuda(n, rows, fill)
+
+    def _stage_cuda(self, n: int, rows: int, fill: Fill) -> tuple[dict[str, Tensor], int, Any]:
         slot = n % 2
         done = self._copied[slot]
         if done is not None:
@@ -153,6 +167,8 @@ class ChunkPrefetcher:
                     if stop.is_set():
                         return
                     piece = next(pieces, None)
+                    if stop.is_set():  # closed while the source was being read
+                        return
                     if piece is None:
                         staged.put(_END)
                         return
@@ -190,7 +206,10 @@ class ChunkPrefetcher:
             worker.join(_JOIN_S)
             if worker.is_alive():
                 log.warning(
-                    "chunk prefetch: the worker is still preparing a chunk after %.0f s; "
+                    "chunk prefetch: the worker is still preparing a chunk after %g s; "
                     "leaving it to finish in the background",
                     _JOIN_S,
                 )
+                # It stops before staging anything, but give the next stream buffers of its
+                # own anyway: the straggler may be inside `_stage` already.
+                self._fresh_buffers()

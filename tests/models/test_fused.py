@@ -127,3 +127,29 @@ def test_export_traces_the_plain_layers() -> None:
     assert "_FusedMLP" not in graph and "linear" in graph
     with torch.no_grad():
         torch.testing.assert_close(program.module()(x), reference(net, x))
+
+
+def test_double_backward_is_refused_not_wrong() -> None:
+    net = build_q_network(in_dim=3, n_actions=2, layers=[-1, 8, -1], activations=["linear"] * 2)
+    x = torch.randn(5, 3, requires_grad=True)
+    (gx,) = torch.autograd.grad(net(x).square().sum(), x, create_graph=True)
+    with pytest.raises(RuntimeError, match=r"once_differentiable|does not require grad"):
+        gx.square().sum().backward()
+
+
+def test_torch_func_and_autocast_take_the_module_path() -> None:
+    net = build_q_network(in_dim=3, n_actions=2, layers=[-1, 8, -1], activations=["relu", "linear"])
+    params = dict(net.named_parameters())
+    x = torch.randn(4, 3)
+
+    def loss(p: dict[str, torch.Tensor]) -> torch.Tensor:
+        return torch.func.functional_call(net, p, (x,)).square().sum()
+
+    grads_func = torch.func.grad(loss)(params)
+    loss(params).backward()
+    for name, p in net.named_parameters():
+        torch.testing.assert_close(grads_func[name], p.grad)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = net(x)
+    assert out.dtype == torch.bfloat16 and not fused_node(out)
+    out.float().sum().backward()  # the module path's backward copes with the mixed dtypes

@@ -177,6 +177,21 @@ def test_soft_target_update_is_exact() -> None:
         assert not t_new.requires_grad
 
 
+def test_soft_update_follows_parameters_replaced_by_a_state_dict_load() -> None:
+    """The cached parameter lists of the soft update must see tensors that a checkpoint
+    load puts in place (`assign=True` replaces the Parameter objects)."""
+    torch.manual_seed(3)
+    net = build_q_network(in_dim=3, n_actions=2, layers=[-1, 8, -1], activations=["relu", "linear"])
+    trainer = _trainer(net, target_update_rate=1.0, optimizer="sgd", learning_rate=0.1)
+    state = trainer.state_dict()
+    state["q_net"] = {k: torch.randn_like(v) for k, v in state["q_net"].items()}
+    trainer.online.load_state_dict(state["q_net"], assign=True)
+    trainer.load_state_dict({**state, "q_net": trainer.online.state_dict()})
+    trainer.train_step([random_discrete_batch(8, 3, 2)])  # τ = 1: target := online
+    for t, o in zip(trainer.target.parameters(), trainer.online.parameters(), strict=True):
+        torch.testing.assert_close(t, o.detach())
+
+
 def test_clip_grad_norm_bounds_the_update() -> None:
     trainer = _trainer(optimizer="sgd", learning_rate=1.0, clip_grad_norm=0.1)
     before = [p.clone() for p in trainer.online.parameters()]

@@ -153,6 +153,39 @@ def test_closing_waits_a_bounded_time_for_a_busy_worker(
     assert not _workers()
 
 
+def test_a_worker_left_behind_stages_nothing_after_the_close(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A straggler (closed while reading a slow window) must not stage its chunk into the
+    buffers the next stream uses."""
+    monkeypatch.setattr(prefetch, "_JOIN_S", 0.2)
+    staged: list[float] = []
+    place = prefetch._place
+
+    def recording(columns: dict[str, Tensor], out: object) -> dict[str, Tensor]:
+        staged.append(float(columns["reward"][0]))
+        return place(columns, out)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(prefetch, "_place", recording)
+    release = threading.Event()
+
+    def slow() -> Iterator[Chunk]:
+        yield _columns(8), 8
+        release.wait(30)
+        yield _columns(8, start=1000), 8  # the straggler's chunk
+
+    prefetcher = ChunkPrefetcher(_columns(1), CPU, 8, ahead=1)
+    old = prefetcher.ready(slow())
+    next(old)
+    old.close()  # the worker is still inside the slow read
+    new = list(prefetcher.ready(iter(Source([8, 8]))))
+    release.set()
+    for worker in _workers():
+        worker.join(5)
+    assert len(new) == 2 and not _workers()
+    assert 1000.0 not in staged
+
+
 @pytest.mark.gpu
 def test_cuda_chunks_match_the_host_rows() -> None:
     cuda = torch.device("cuda:0")
