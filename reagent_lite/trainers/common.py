@@ -344,6 +344,11 @@ class QLearningTrainer(Generic[BatchT]):
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         self.online.load_state_dict(state["q_net"])
         self.target.load_state_dict(state["target"])
+        # A checkpoint's groups carry the kernel choice of the run that wrote it (e.g. not
+        # fused, from before CPU Adam was fused): keep this run's choice.
+        kernels = [{k: g.get(k) for k in ("fused", "foreach")} for g in self.optimizer.param_groups]
         self.optimizer.load_state_dict(state["optimizer"])
+        for group, chosen in zip(self.optimizer.param_groups, kernels, strict=True):
+            group.update(chosen)
         self.scheduler.load_state_dict(state["scheduler"])
         self._soft_update.refresh()

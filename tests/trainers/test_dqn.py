@@ -192,6 +192,19 @@ def test_soft_update_follows_parameters_replaced_by_a_state_dict_load() -> None:
         torch.testing.assert_close(t, o.detach())
 
 
+def test_loading_an_unfused_optimizer_state_keeps_this_runs_fused_adam() -> None:
+    net = build_q_network(in_dim=3, n_actions=2, layers=[-1, 8, -1], activations=["relu", "linear"])
+    trainer = _trainer(net, optimizer="adam")
+    assert trainer.optimizer.param_groups[0]["fused"]
+    trainer.train_step([random_discrete_batch(8, 3, 2)])
+    state = trainer.state_dict()
+    for group in state["optimizer"]["param_groups"]:
+        group.update(fused=None, foreach=None)  # as written before CPU Adam was fused
+    trainer.load_state_dict(state)
+    assert trainer.optimizer.param_groups[0]["fused"]
+    trainer.train_step([random_discrete_batch(8, 3, 2)])
+
+
 def test_clip_grad_norm_bounds_the_update() -> None:
     trainer = _trainer(optimizer="sgd", learning_rate=1.0, clip_grad_norm=0.1)
     before = [p.clone() for p in trainer.online.parameters()]
