@@ -14,6 +14,15 @@ the next window. Rows that do not fill a whole step at the end of a window are c
 into the next one; when the epoch needs more steps than the shard holds (a shorter shard
 than the largest), a fresh pass with a new unit order follows, as `EpochSampler` wraps.
 
+A window's units load in parallel (`load_units`: up to `load_threads()` at a time — the
+process's cores, at most 8; Parquet decoding, validation and the numpy scatter release the
+GIL for their heavy parts): each unit is read, validated and collected by its own builder
+straight into its rows of the window's arrays, preallocated from the footers' counts;
+then, in unit order, rows dropped as bad are closed up and episodes numbered. The window
+is the one a single builder fed the units in order gives, bit for bit, and when several
+units are bad the error is the first one's, as if they had loaded one by one. A window of
+one large row group still loads on one thread: windows of many row groups go faster.
+
 Both workflows stream: a window's columns are whatever the kind's loader makes of it —
 `load_window` (dqn) or `load_parametric_window` (parametric_dqn: candidate tensors [rows,
 K, G] and masks [rows, K], K fixed before training from a keys scan, `scan_units`, or from
@@ -24,17 +33,20 @@ in its window, so row groups that each hold one slice of the data (one day, one 
 range) give batches less diverse than a full shuffle; smaller row groups and a larger
 window bring it closer to a full shuffle. Peak memory is at most about three windows (the
 one being trained on, the next one being loaded, and the chunk gathered from the current
-one), whatever the shard's size.
+one), whatever the shard's size; loading holds, besides the window's arrays, the Arrow
+data of the row groups being decoded (one per loading thread).
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 import numpy as np
 import pyarrow as pa
@@ -54,12 +66,13 @@ from reagent_lite.data.readers import (
     iter_parquet_rows,
     shard_plan,
 )
-from reagent_lite.data.shard_builder import S, ShardBuilder, _used_keys
+from reagent_lite.data.shard_builder import S, ShardBuilder, UnitAssembly, _used_keys
 from reagent_lite.data.validate import Kind, ShardValidation, ValidationReport
 from reagent_lite.errors import DataError
 
 # Rows validated and tensorized at a time inside a row group (bounds the temporaries).
 _SLICE_ROWS = 32_768
+T = TypeVar("T")
 
 
 def stream_units(path: str, rank: int, world_size: int) -> list[ShardPiece]:
@@ -152,39 +165,93 @@ def _unit_source(unit: ShardPiece) -> str:
     return str(unit.file)
 
 
+def load_threads() -> int:
+    """Threads loading a window's units by default: the cores this process may run on, at
+    most 8 (the GIL-held glue between the heavy parts, and windows of a few row groups,
+    leave little for more)."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        cores = os.cpu_count() or 1
+    return max(1, min(8, cores))
+
+
 def load_units(
     units: Sequence[ShardPiece],
-    builder: ShardBuilder[S],
+    make_builder: Callable[[int, str], ShardBuilder[S]],
+    conform: Callable[[S], None],
     kind: Kind,
     *,
     actions: Sequence[str] | None = None,
     drop_bad_rows: bool,
+    threads: int | None = None,
 ) -> S:
-    """The rows of `units` collected by `builder` (the streaming ingest's), each unit
-    validated on its own, so an error names the file and row group (and the row within it)
-    that holds the bad row, whatever else the window packs."""
-    source = builder.source
-    rows_in = rows_out = 0
-    for unit in units:
-        label = _unit_source(unit)
+    """The rows of `units`, in that order, up to `threads` units at a time (default
+    `load_threads()`): each unit read, validated on its own (so an error names the file and
+    row group, and the row within it, that holds the bad row), collected by its own builder
+    (`make_builder(rows, source)`, given the window's columns) into its rows of the
+    window's arrays and `conform`ed (`UnitAssembly`). The result does not depend on
+    `threads`; when units are bad, the error is the first one's in window order."""
+    if not units:
+        raise ValueError("a window needs at least one unit")
+    source = _window_source(units)
+    rows = [u.num_rows or 0 for u in units]
+    window = UnitAssembly(rows, make_builder(sum(rows), source))
+
+    def load(i: int) -> tuple[int, int]:
+        label = _unit_source(units[i])
         check = ShardValidation(kind, actions=actions, source=label, drop_bad_rows=drop_bad_rows)
-        builder.source = label
-        for batch in _piece_batches(unit):
+        builder = window.share(i, make_builder(rows[i], label))
+        for batch in _piece_batches(units[i]):
             for start in range(0, batch.num_rows, _SLICE_ROWS):
                 checked = check.check(batch.slice(start, _SLICE_ROWS))
                 if not check.failing:
                     builder.add(checked)
         if check.failing:
             check.finish()  # raises, naming file, row group, column and bad rows
-        rows_in, rows_out = rows_in + check.rows_in, rows_out + check.rows_out
-    builder.source = source
-    shard = builder.finish(ValidationReport(source, kind, rows_in=rows_in, rows_out=rows_out))
+        part = builder.finish(ValidationReport(label, kind, check.rows_in, check.rows_out))
+        conform(part)
+        window.put(i, part)
+        return check.rows_in, check.rows_out
+
+    counts = _in_order(load, len(units), load_threads() if threads is None else threads)
+    shard = window.finish(
+        ValidationReport(
+            source, kind, rows_in=sum(c[0] for c in counts), rows_out=sum(c[1] for c in counts)
+        )
+    )
     pa.default_memory_pool().release_unused()
     return shard
 
 
-def _window_rows(units: Sequence[ShardPiece]) -> int:
-    return sum(u.num_rows or 0 for u in units)
+def _in_order(fn: Callable[[int], T], n: int, threads: int) -> list[T]:
+    """[fn(0), ..., fn(n - 1)], up to `threads` calls at a time. When calls fail, the error
+    raised is that of the first failing call (by index), as if they ran one by one; calls
+    after a failed one are skipped once it has failed, those running are waited for."""
+    if threads <= 1 or n <= 1:
+        return [fn(i) for i in range(n)]
+    tz._pool()  # created here, not by two of the calls at once
+    failed = [n]  # a call that failed (racing updates keep one of them: any will do)
+
+    def call(i: int) -> T:
+        if i > failed[0]:
+            raise _Skipped  # never seen: the failed call before it is raised first
+        try:
+            return fn(i)
+        except BaseException:
+            failed[0] = min(failed[0], i)
+            raise
+
+    pool = ThreadPoolExecutor(max_workers=min(threads, n), thread_name_prefix="reagent-lite-unit")
+    try:
+        futures = [pool.submit(call, i) for i in range(n)]
+        return [f.result() for f in futures]
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
+
+
+class _Skipped(Exception):
+    pass
 
 
 def _window_source(units: Sequence[ShardPiece]) -> str:
@@ -194,23 +261,31 @@ def _window_source(units: Sequence[ShardPiece]) -> str:
 def load_window(
     units: Sequence[ShardPiece],
     actions: Sequence[str],
-    feature_ids: Sequence[str] | None,
+    feature_ids: Sequence[str],
     *,
     use_seq_num_diff_as_time_diff: bool,
     drop_bad_rows: bool,
+    threads: int | None = None,
 ) -> DiscreteShard:
     """The dqn rows of `units` as a `DiscreteShard` (raw values, NaN = absent; `load_units`),
-    columns in `feature_ids` order if given."""
-    builder = DiscreteShardBuilder(
-        actions,
-        capacity=_window_rows(units),
-        use_seq_num_diff_as_time_diff=use_seq_num_diff_as_time_diff,
-        source=_window_source(units),
-    )
-    shard = load_units(units, builder, "dqn", actions=actions, drop_bad_rows=drop_bad_rows)
-    if feature_ids is not None:
+    columns in `feature_ids` order."""
+
+    def builder(rows: int, source: str) -> DiscreteShardBuilder:
+        return DiscreteShardBuilder(
+            actions,
+            capacity=rows,
+            use_seq_num_diff_as_time_diff=use_seq_num_diff_as_time_diff,
+            source=source,
+            feature_ids=feature_ids,
+        )
+
+    def conform(shard: DiscreteShard) -> None:
         shard.reorder(feature_ids)
-    return shard
+
+    return load_units(
+        units, builder, conform, "dqn", actions=actions, drop_bad_rows=drop_bad_rows,
+        threads=threads,
+    )  # fmt: skip
 
 
 def load_parametric_window(
@@ -221,18 +296,27 @@ def load_parametric_window(
     *,
     use_seq_num_diff_as_time_diff: bool,
     drop_bad_rows: bool,
+    threads: int | None = None,
 ) -> ParametricShard:
     """The parametric rows of `units` as a `ParametricShard` (`load_units`), conformed to
     the agreed ids and `max_candidates` slots (a longer candidate list is a `DataError`)."""
-    builder = ParametricShardBuilder(
-        capacity=_window_rows(units),
-        max_candidates=max_candidates,
-        use_seq_num_diff_as_time_diff=use_seq_num_diff_as_time_diff,
-        source=_window_source(units),
+
+    def builder(rows: int, source: str) -> ParametricShardBuilder:
+        return ParametricShardBuilder(
+            capacity=rows,
+            max_candidates=max_candidates,
+            use_seq_num_diff_as_time_diff=use_seq_num_diff_as_time_diff,
+            source=source,
+            state_feature_ids=state_ids,
+            action_feature_ids=action_ids,
+        )
+
+    def conform(shard: ParametricShard) -> None:
+        shard.conform(state_ids, action_ids, max_candidates)
+
+    return load_units(
+        units, builder, conform, "parametric_dqn", drop_bad_rows=drop_bad_rows, threads=threads
     )
-    shard = load_units(units, builder, "parametric_dqn", drop_bad_rows=drop_bad_rows)
-    shard.conform(state_ids, action_ids, max_candidates)
-    return shard
 
 
 def _rng(seed: int, rank: int, epoch: int, what: int, index: int) -> np.random.Generator:

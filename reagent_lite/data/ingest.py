@@ -104,24 +104,21 @@ def _prefetched(it: Iterator[pa.Table]) -> Iterator[pa.Table]:
 
 @dataclass
 class DiscreteShard(IngestedShard):
-    """A dqn shard as arrays: `state`/`next_state` float32 [N, C] in `columns.ids` order
-    with NaN = absent; the other fields as in `DiscreteTransitions`. `state_ids` are the
-    ids seen in `state_features` (those the workflow agrees on)."""
+    """A dqn shard as arrays: `features` "state" / "next_state" float32 [N, C] in
+    `columns.ids` order with NaN = absent; `fields` as in `DiscreteTransitions`."""
 
-    columns: FeatureColumns
-    state_ids: set[str]
-    state: np.ndarray
-    next_state: np.ndarray
-    fields: dict[str, np.ndarray]
+    @property
+    def state(self) -> np.ndarray:
+        return self.features["state"]
 
-    def __len__(self) -> int:
-        return int(self.state.shape[0])
+    @property
+    def next_state(self) -> np.ndarray:
+        return self.features["next_state"]
 
     def reorder(self, feature_ids: Sequence[str]) -> None:
         """Makes `state` and `next_state` columns follow `feature_ids` (`reorder_columns`)."""
         ids = list(feature_ids)
-        self.state = reorder_columns(self.state, self.columns, ids)
-        self.next_state = reorder_columns(self.next_state, self.columns, ids)
+        self.features = {k: reorder_columns(v, self.columns, ids) for k, v in self.features.items()}
         self.columns = FeatureColumns.of(ids)
 
 
@@ -142,11 +139,13 @@ class DiscreteShardBuilder(ShardBuilder[DiscreteShard]):
         capacity: int | None,
         use_seq_num_diff_as_time_diff: bool = False,
         source: str = "table",
+        feature_ids: Sequence[str] = (),
     ) -> None:
         super().__init__(
             capacity=capacity,
             use_seq_num_diff_as_time_diff=use_seq_num_diff_as_time_diff,
             source=source,
+            feature_ids=feature_ids,
         )
         self.actions = list(actions)
         A = len(self.actions)
@@ -196,14 +195,13 @@ class DiscreteShardBuilder(ShardBuilder[DiscreteShard]):
         self.n = hi
 
     def finish(self, report: ValidationReport) -> DiscreteShard:
-        n = self.n
         return DiscreteShard(
             report,
             columns=self.columns,
             state_ids=self.state_ids,
-            state=self.arrays["state"][:n],
-            next_state=self.arrays["next_state"][:n],
+            features=self._rows(("state", "next_state")),
             fields=self._rows(DISCRETE_FIELDS),
+            episodes=list(self._mdp_codes),
         )
 
 

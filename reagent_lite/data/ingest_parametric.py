@@ -51,19 +51,17 @@ class ParametricShard(IngestedShard):
     """A parametric shard as arrays: `features` (state, next_state [N, F] in `columns.ids`
     order; action, next_action [N, G] and the candidate tensors [N, K, G] in
     `action_columns.ids` order; NaN = absent) and `fields` (masks [N, K] and the per-row
-    fields of `ParametricTransitions`). `state_ids` / `action_ids`: the ids seen in
-    `state_features` / `action` (those the workflow agrees on). Call `conform` before use."""
+    fields of `ParametricTransitions`). `action_ids`: the ids seen in `action` (those the
+    workflow agrees on). Call `conform` before use."""
 
-    columns: FeatureColumns
-    state_ids: set[str]
     action_columns: FeatureColumns
     action_ids: set[str]
     max_candidates: int
-    features: dict[str, np.ndarray]
-    fields: dict[str, np.ndarray]
 
-    def __len__(self) -> int:
-        return int(self.features["state"].shape[0])
+    def merge_seen(self, other: IngestedShard) -> None:
+        super().merge_seen(other)
+        if isinstance(other, ParametricShard):
+            self.action_ids |= other.action_ids
 
     def conform(
         self, state_ids: Sequence[str], action_ids: Sequence[str], max_candidates: int
@@ -95,7 +93,8 @@ class ParametricShard(IngestedShard):
 class ParametricShardBuilder(ShardBuilder[ParametricShard]):
     """Collects a parametric shard batch by batch (see the module docstring); K is fixed
     when `max_candidates` is given (a longer list is a `DataError`, as on the resident
-    path), else the longest list so far."""
+    path), else the longest list so far. The agreed ids, when known (`state_feature_ids`,
+    `action_feature_ids`), get the first columns, in that order."""
 
     def __init__(
         self,
@@ -104,13 +103,16 @@ class ParametricShardBuilder(ShardBuilder[ParametricShard]):
         max_candidates: int | None = None,
         use_seq_num_diff_as_time_diff: bool = False,
         source: str = "table",
+        state_feature_ids: Sequence[str] = (),
+        action_feature_ids: Sequence[str] = (),
     ) -> None:
         super().__init__(
             capacity=capacity,
             use_seq_num_diff_as_time_diff=use_seq_num_diff_as_time_diff,
             source=source,
+            feature_ids=state_feature_ids,
         )
-        self.action_columns = FeatureColumns()
+        self.action_columns = FeatureColumns.of(action_feature_ids)
         self.action_ids: set[str] = set()
         self.fixed_k = max_candidates
         self.k = max_candidates or 1
@@ -186,6 +188,7 @@ class ParametricShardBuilder(ShardBuilder[ParametricShard]):
             max_candidates=self.k,
             features=self._rows(FEATURES),
             fields=self._rows(fields),
+            episodes=list(self._mdp_codes),
         )
 
 

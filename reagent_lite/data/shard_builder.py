@@ -8,13 +8,17 @@ no presence matrix is ever built. Feature ids are not known before reading: colu
 assigned as ids are first seen (`FeatureColumns`), the matrices widen when new ones appear,
 and `reorder_columns` later puts them in the order the ranks agreed on (ids this shard
 never saw come out all-absent) — in place when, as usual, that is a permutation or nothing.
+When the agreed ids are known beforehand (a streamed window) they get the first columns,
+and `UnitAssembly` has one builder per unit (row group) write into its rows of the whole's
+arrays, so that units can be collected in parallel.
 """
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 import numpy as np
 import pyarrow as pa
@@ -109,12 +113,28 @@ def reorder_columns(m: np.ndarray, columns: FeatureColumns, ids: list[str]) -> n
 
 @dataclass
 class IngestedShard:
-    """What a shard from the streaming ingest carries besides its arrays."""
+    """A shard from the streaming ingest, either kind: its arrays, all indexed by row —
+    `features` (NaN-coded feature matrices; state and next_state columns in `columns.ids`
+    order) and `fields` (the others) — and what its rows showed: `state_ids`, the ids seen
+    in `state_features` (those the workflow agrees on), and `episodes`, the episode ids in
+    the order of their codes in `fields["mdp_id"]` (first appearance)."""
 
     report: ValidationReport
+    columns: FeatureColumns
+    state_ids: set[str]
+    features: dict[str, np.ndarray]
+    fields: dict[str, np.ndarray]
+    episodes: list[object] = field(default_factory=list, kw_only=True)
     rows_per_part: list[int] = field(default_factory=list, kw_only=True)
     # Seconds spent waiting for batches to be read, validating, and tensorizing.
     timings: dict[str, float] = field(default_factory=dict, kw_only=True)
+
+    def __len__(self) -> int:
+        return int(self.features["state"].shape[0])
+
+    def merge_seen(self, other: IngestedShard) -> None:
+        """Adds what `other`'s rows showed (ids) to this shard's."""
+        self.state_ids |= other.state_ids
 
 
 S = TypeVar("S", bound=IngestedShard)
@@ -127,10 +147,19 @@ class ShardBuilder(Generic[S]):
     allocates its own arrays (`_alloc`), says how wide those that follow ids must be now
     (`_tails`), and writes a (validated) batch in `add`."""
 
-    def __init__(self, *, capacity: int | None, use_seq_num_diff_as_time_diff: bool, source: str):
+    def __init__(
+        self,
+        *,
+        capacity: int | None,
+        use_seq_num_diff_as_time_diff: bool,
+        source: str,
+        feature_ids: Sequence[str] = (),
+    ):
         self.use_time_diff = use_seq_num_diff_as_time_diff
         self.source = source
-        self.columns = FeatureColumns()  # state and next_state features
+        # State and next_state features: `feature_ids` first, in that order (the agreed ids,
+        # when known: then no reordering is needed), others as they are seen.
+        self.columns = FeatureColumns.of(feature_ids)
         self.state_ids: set[str] = set()  # the ids of `state_features` (the agreed ones)
         self.n = 0
         self.cap = max(capacity or 0, 1)
@@ -154,6 +183,22 @@ class ShardBuilder(Generic[S]):
         """The trailing shape the arrays that follow feature ids need now."""
         width = (len(self.columns.ids),)
         return {"state": width, "next_state": width}
+
+    def shaped_arrays(self) -> dict[str, np.ndarray]:
+        """The arrays `add` writes into, shaped for the columns known now."""
+        self._ensure(self.n)
+        return self.arrays
+
+    def write_into(self, arrays: dict[str, np.ndarray]) -> None:
+        """Collects rows into `arrays` (rows of a larger shard's `shaped_arrays`) instead of
+        arrays of its own — as long as no feature id outside its columns turns up (that
+        widens the matrices into new arrays)."""
+        tails = self._tails()
+        for name, a in arrays.items():
+            if a.shape[1:] != tails.get(name, self.arrays[name].shape[1:]):
+                raise ValueError(f"{name}: shape {a.shape[1:]}, builder needs {tails.get(name)}")
+        self.arrays.update(arrays)
+        self.cap = min(len(a) for a in self.arrays.values())
 
     def _ensure(self, rows: int) -> None:
         tails = self._tails()
@@ -253,3 +298,85 @@ class ShardBuilder(Generic[S]):
 
     def finish(self, report: ValidationReport) -> S:
         raise NotImplementedError
+
+
+# ----------------------------------------------------------------------------- assembly
+
+B = TypeVar("B", bound=ShardBuilder[Any])
+
+
+class UnitAssembly(Generic[S]):
+    """The shards of consecutive units (row groups), each collected by its own builder and
+    conformed to the same columns, as one shard equal to what a single builder fed the
+    units in order gives.
+
+    The arrays of the whole are allocated once, for the units' rows as their footers count
+    them (by a builder for them all, `whole`); each unit's builder writes straight into
+    that unit's rows (`share`), from any thread, units in any order; `put` copies what a
+    unit's builder had to put elsewhere (new columns, fields computed afterwards) and
+    drops the unit's arrays. `finish` then, in unit order, closes the gaps that rows
+    dropped as bad leave, numbers episodes by first appearance over the whole, and merges
+    the ids the units saw.
+    """
+
+    def __init__(self, unit_rows: Sequence[int], whole: ShardBuilder[S]) -> None:
+        self.offsets = np.concatenate([[0], np.cumsum(unit_rows, dtype=np.int64)])
+        self._arrays = dict(whole.shaped_arrays())
+        self._shared = list(self._arrays)  # (`put` may add fields computed afterwards)
+        self._parts: list[S | None] = [None] * len(unit_rows)
+        self._rows = [0] * len(unit_rows)
+        self._lock = threading.Lock()
+
+    def share(self, i: int, builder: B) -> B:
+        """`builder` (of unit `i`, with the whole's columns), writing into its rows."""
+        lo, hi = self.offsets[i], self.offsets[i + 1]
+        builder.write_into({k: self._arrays[k][lo:hi] for k in self._shared})
+        return builder
+
+    def put(self, i: int, part: S) -> None:
+        """Unit `i`'s rows, in place; `part` keeps only what its rows showed."""
+        lo, n = int(self.offsets[i]), len(part)
+        if n > self.offsets[i + 1] - lo:
+            raise ValueError(f"unit {i}: {n} rows, more than its {self.offsets[i + 1] - lo}")
+        for k, a in {**part.features, **part.fields}.items():
+            with self._lock:  # fields computed after collecting (action_index): first seen
+                out = self._arrays.get(k)
+                if out is None:
+                    shape = (int(self.offsets[-1]), *a.shape[1:])
+                    out = self._arrays[k] = np.empty(shape, a.dtype)
+            if a.base is not out:  # not written in place (a view of `out` is of its rows)
+                out[lo : lo + n] = a
+        part.features = dict.fromkeys(part.features, _NO_ROWS)
+        part.fields = dict.fromkeys(part.fields, _NO_ROWS)
+        self._rows[i] = n
+        self._parts[i] = part
+
+    def finish(self, report: ValidationReport) -> S:
+        """The whole, once every unit is in, as the first unit's shard."""
+        parts = [p for p in self._parts if p is not None]
+        if not parts or len(parts) < len(self._parts):
+            raise ValueError(f"{len(parts)} of {len(self._parts)} units assembled")
+        arrays, mdp = self._arrays, self._arrays["mdp_id"]
+        # The units' episodes end to end, coded by first appearance (as one builder codes).
+        episodes = pa.array([e for p in parts for e in p.episodes]).dictionary_encode()
+        codes = np.asarray(episodes.indices)
+        n = first = 0  # rows so far; the unit's first entry in `codes`
+        for part, lo, rows in zip(parts, self.offsets.tolist(), self._rows, strict=False):
+            if lo != n:  # rows dropped before this unit: move it up (numpy copes with overlap)
+                for a in arrays.values():
+                    a[n : n + rows] = a[lo : lo + rows]
+            if rows:
+                lut = codes[first : first + len(part.episodes)]
+                mdp[n : n + rows] = lut[mdp[n : n + rows]]
+            n, first = n + rows, first + len(part.episodes)
+        shard = parts[0]
+        for part in parts[1:]:
+            shard.merge_seen(part)
+        shard.report, shard.episodes = report, episodes.dictionary.to_pylist()
+        shard.features = {k: arrays[k][:n] for k in shard.features}
+        shard.fields = {k: arrays[k][:n] for k in shard.fields}
+        self._parts, self._arrays = [], {}
+        return shard
+
+
+_NO_ROWS = np.empty(0, np.float32)  # what an assembled unit keeps of its arrays

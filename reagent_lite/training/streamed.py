@@ -17,9 +17,8 @@ import torch
 from torch import Tensor
 
 from reagent_lite.data.disk_stream import DiskShardStream, stream_units
-from reagent_lite.data.ingest import DiscreteShard
-from reagent_lite.data.ingest_parametric import ParametricShard
 from reagent_lite.data.readers import ShardPiece
+from reagent_lite.data.shard_builder import IngestedShard
 from reagent_lite.distributed.context import DistContext
 from reagent_lite.errors import DataError
 from reagent_lite.normalization.module import Preprocessor, one_intraop_thread
@@ -43,14 +42,10 @@ class StreamedShard:
         return int(next(iter(self.features.values())).shape[0])
 
     @classmethod
-    def of(cls, shard: DiscreteShard | ParametricShard) -> StreamedShard:
+    def of(cls, shard: IngestedShard) -> StreamedShard:
         """The arrays of an ingested shard, as tensors sharing their memory."""
-        if isinstance(shard, DiscreteShard):
-            features = {"state": shard.state, "next_state": shard.next_state}
-        else:
-            features = shard.features
         return cls(
-            {k: torch.from_numpy(v) for k, v in features.items()},
+            {k: torch.from_numpy(v) for k, v in shard.features.items()},
             {k: torch.from_numpy(v) for k, v in shard.fields.items()},
             shard.rows_per_part or [len(shard)],
         )

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -13,15 +14,18 @@ import torch
 from torch import Tensor
 
 from reagent_lite.data.disk_stream import DiskShardStream, load_window, scan_state_ids, stream_units
+from reagent_lite.data.ingest import ingest_discrete
 from reagent_lite.data.readers import ShardPiece, read_table
 from reagent_lite.errors import DataError
 from tests.data.test_ingest import ACTIONS, rows, write
+
+IDS = ["0", "1", "2", "3", "7"]  # the state and next_state ids of `rows`
 
 
 def _stream(path: Path, rank: int, world: int, window: int, seed: int = 3) -> DiskShardStream:
     def load(units: Sequence[ShardPiece]) -> dict[str, Tensor]:
         shard = load_window(
-            units, ACTIONS, None, use_seq_num_diff_as_time_diff=False, drop_bad_rows=False
+            units, ACTIONS, IDS, use_seq_num_diff_as_time_diff=False, drop_bad_rows=False
         )
         return {"reward": torch.from_numpy(shard.fields["reward"])}
 
@@ -100,7 +104,7 @@ def test_bad_rows_in_a_window_name_file_and_column(tmp_path: Path) -> None:
     path = write(tmp_path / "t.parquet", data, 20)
     units = stream_units(str(path), 0, 1)
     with pytest.raises(DataError, match="action"):
-        load_window(units, ACTIONS, None, use_seq_num_diff_as_time_diff=False, drop_bad_rows=False)
+        load_window(units, ACTIONS, IDS, use_seq_num_diff_as_time_diff=False, drop_bad_rows=False)
 
 
 def test_json_lines_refused(tmp_path: Path) -> None:
@@ -124,7 +128,7 @@ def test_bad_row_in_a_later_file_of_the_window_names_that_file(tmp_path: Path) -
     units = stream_units(str(parts), 0, 1)
     assert units[0].file.name == "part-00000.parquet"
     with pytest.raises(DataError) as err:
-        load_window(units, ACTIONS, None, use_seq_num_diff_as_time_diff=False, drop_bad_rows=False)
+        load_window(units, ACTIONS, IDS, use_seq_num_diff_as_time_diff=False, drop_bad_rows=False)
     message = str(err.value)
     assert "part-00001.parquet" in message and "part-00000" not in message, message
     assert "row group 1" in message and "row 10" in message, message
@@ -195,3 +199,164 @@ def test_parametric_bad_value_in_a_late_row_group_names_it(tmp_path: Path) -> No
     message = str(err.value)
     assert "column 'possible_next_actions'" in message and "row group 4" in message, message
     assert "row 13" in message, message
+
+
+# ----------------------------------------------------------------------------- parallel loading
+
+
+def _in_window_order(path: Path, units: Sequence[ShardPiece], out: Path) -> Path:
+    """The row groups of `units`, in that order, as one file: what a single builder fed the
+    window's units in order sees (the streaming ingest of this file)."""
+    pf = pq.ParquetFile(path)
+    with pq.ParquetWriter(out, pf.schema_arrow) as writer:
+        for u in units:
+            table = pf.read_row_group(u.row_groups[0])
+            writer.write_table(table, row_group_size=table.num_rows)
+    return out
+
+
+def _assert_same_shard(got: Any, want: Any) -> None:
+    assert list(got.features) == list(want.features) and list(got.fields) == list(want.fields)
+    for name in [*want.features, *want.fields]:
+        a = {**got.features, **got.fields}[name]
+        b = {**want.features, **want.fields}[name]
+        assert a.dtype == b.dtype, name
+        np.testing.assert_array_equal(a, b, err_msg=name)
+    assert got.columns.ids == want.columns.ids
+    assert got.state_ids == want.state_ids and got.episodes == want.episodes
+    assert (got.report.rows_in, got.report.rows_out) == (want.report.rows_in, want.report.rows_out)
+
+
+def _bad_rows(data: list[dict[str, Any]], rows_per_group: int, groups: Sequence[int]) -> None:
+    """A bad action in the 3rd row and a NaN reward in the 5th row of each of `groups`."""
+    for g in groups:
+        data[g * rows_per_group + 2]["action"] = "jump"
+        data[g * rows_per_group + 4]["reward"] = float("nan")
+
+
+@pytest.mark.parametrize("ids", [IDS, ["0", "1", "2", "3", "11"]])  # "7": next_state only
+@pytest.mark.parametrize("drop", [False, True])
+def test_parallel_window_equals_one_builder_over_its_units(
+    tmp_path: Path, ids: list[str], drop: bool
+) -> None:
+    data = rows(230, late_feature_at=150)  # 12 row groups of 20 (the last of 10)
+    if drop:
+        _bad_rows(data, 20, [1, 6])
+        for i in range(80, 100):  # row group 4: every row bad
+            data[i]["reward"] = float("nan")
+    path = write(tmp_path / "t.parquet", data, 20)
+    units = stream_units(str(path), 0, 1)
+    window = [units[i] for i in (7, 1, 11, 4, 0, 9, 2, 5, 10, 3, 8, 6)]
+    want = ingest_discrete(
+        _in_window_order(path, window, tmp_path / "w.parquet"), [(0, 1)], ACTIONS,
+        use_seq_num_diff_as_time_diff=True, drop_bad_rows=drop,
+    )  # fmt: skip
+    want.reorder(ids)
+    for threads in (1, 2, 5):
+        got = load_window(
+            window, ACTIONS, ids, use_seq_num_diff_as_time_diff=True, drop_bad_rows=drop,
+            threads=threads,
+        )  # fmt: skip
+        _assert_same_shard(got, want)
+        assert got.report.source == str(path)
+    if drop:  # a window of only bad rows is empty
+        empty = load_window(
+            [units[4], units[4]], ACTIONS, ids, use_seq_num_diff_as_time_diff=True,
+            drop_bad_rows=True, threads=2,
+        )  # fmt: skip
+        assert len(empty) == 0 and empty.report.rows_in == 40 and empty.episodes == []
+
+
+@pytest.mark.parametrize("threads", [1, 3])
+def test_bad_rows_in_two_row_groups_name_the_earlier_in_the_window(
+    tmp_path: Path, threads: int
+) -> None:
+    data = rows(200)
+    _bad_rows(data, 20, [3, 8])
+    path = write(tmp_path / "t.parquet", data, 20)
+    units = stream_units(str(path), 0, 1)
+    kw: dict[str, Any] = {"use_seq_num_diff_as_time_diff": False, "drop_bad_rows": False}
+    for window, first in ((units, 3), (units[::-1], 8)):
+        with pytest.raises(DataError) as alone:
+            load_window([units[first]], ACTIONS, IDS, **kw)
+        with pytest.raises(DataError) as err:
+            load_window(window, ACTIONS, IDS, **kw, threads=threads)
+        assert str(err.value) == str(alone.value)
+        assert f"row group {first})" in str(err.value) and "row 2" in str(err.value)
+
+
+def test_in_order_raises_the_first_failing_call() -> None:
+    import threading
+    import time
+
+    from reagent_lite.data.disk_stream import _in_order
+
+    started: list[int] = []
+    lock = threading.Lock()
+
+    def fn(i: int) -> int:
+        with lock:
+            started.append(i)
+        if i == 1:
+            time.sleep(0.2)  # fails last
+            raise ValueError("call 1")
+        if i == 3:
+            raise KeyError("call 3")
+        return i * i
+
+    assert _in_order(lambda i: i * i, 5, 3) == [0, 1, 4, 9, 16]
+    with pytest.raises(ValueError, match="call 1"):
+        _in_order(fn, 40, 4)
+    assert len(started) < 40  # the calls still queued were cancelled
+
+
+@pytest.mark.parametrize("action_ids", [["100", "101", "102", "103"], ["100", "103", "150"]])
+@pytest.mark.parametrize("drop", [False, True])
+def test_parallel_parametric_window_equals_one_builder_over_its_units(
+    tmp_path: Path, action_ids: list[str], drop: bool
+) -> None:
+    from reagent_lite.data.disk_stream import load_parametric_window
+    from reagent_lite.data.ingest_parametric import ingest_parametric
+    from tests.data.test_ingest_parametric import parametric_rows, write_parametric
+
+    data = parametric_rows(170, late_feature_at=120, long_lists_at=100)
+    if drop:
+        for i in (25, 90, 91, 150):
+            data[i]["reward"] = float("nan")
+    path = write_parametric(tmp_path / "t.parquet", data, 20)
+    units = stream_units(str(path), 0, 1)
+    window = [units[i] for i in (4, 8, 0, 6, 2, 7, 1, 5, 3)]
+    state_ids = ["0", "1", "2", "3", "11"]
+    want = ingest_parametric(
+        _in_window_order(path, window, tmp_path / "w.parquet"), [(0, 1)], max_candidates=7,
+        drop_bad_rows=drop,
+    )  # fmt: skip
+    want.conform(state_ids, action_ids, 7)
+    for threads in (1, 4):
+        got = load_parametric_window(
+            window, state_ids, action_ids, 7, use_seq_num_diff_as_time_diff=False,
+            drop_bad_rows=drop, threads=threads,
+        )  # fmt: skip
+        _assert_same_shard(got, want)
+        assert got.action_ids == want.action_ids
+        if drop:
+            assert got.report.rows_out == 166
+
+
+@pytest.mark.parametrize("threads", [1, 4])
+def test_parametric_bad_rows_in_two_row_groups_name_the_earlier(
+    tmp_path: Path, threads: int
+) -> None:
+    from reagent_lite.data.disk_stream import load_parametric_window
+    from tests.data.test_ingest_parametric import parametric_rows, write_parametric
+
+    data = parametric_rows(120)
+    data[45]["possible_actions"][0]["101"] = float("nan")  # row group 2, row 5
+    data[103]["reward"] = float("inf")  # row group 5, row 3
+    path = write_parametric(tmp_path / "t.parquet", data, 20)
+    units = stream_units(str(path), 0, 1)
+    kw: dict[str, Any] = {"use_seq_num_diff_as_time_diff": False, "drop_bad_rows": False}
+    for window, want in ((units, "row group 2)"), (units[::-1], "row group 5)")):
+        with pytest.raises(DataError) as err:
+            load_parametric_window(window, ["0"], ["100"], 3, **kw, threads=threads)
+        assert want in str(err.value), str(err.value)
