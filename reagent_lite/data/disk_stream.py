@@ -15,7 +15,7 @@ into the next one; when the epoch needs more steps than the shard holds (a short
 than the largest), a fresh pass with a new unit order follows, as `EpochSampler` wraps.
 
 A window's units load in parallel (`load_units`: up to `load_threads()` at a time — the
-process's cores, at most 8; Parquet decoding, validation and the numpy scatter release the
+process's cores, at most 4; Parquet decoding, validation and the numpy scatter release the
 GIL for their heavy parts): each unit is read, validated and collected by its own builder
 straight into its rows of the window's arrays, preallocated from the footers' counts;
 then, in unit order, rows dropped as bad are closed up and episodes numbered. The window
@@ -167,13 +167,14 @@ def _unit_source(unit: ShardPiece) -> str:
 
 def load_threads() -> int:
     """Threads loading a window's units by default: the cores this process may run on, at
-    most 8 (the GIL-held glue between the heavy parts, and windows of a few row groups,
-    leave little for more)."""
+    most 4. The loaders hold the GIL about a quarter of the time, so more threads only
+    contend: on a 32-core H200 host a window of 16 row groups loaded at 1.9 / 4.5 / 5.5 /
+    4.6M rows/s with 1 / 2 / 4 / 8 threads (benchmarks/RESULTS.md)."""
     try:
         cores = len(os.sched_getaffinity(0))
     except AttributeError:  # not Linux
         cores = os.cpu_count() or 1
-    return max(1, min(8, cores))
+    return max(1, min(4, cores))
 
 
 def load_units(

@@ -7,6 +7,7 @@ import math
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -253,6 +254,45 @@ for n in (200_000, 2_000_000):
     result = run_child(make_table(root / f"t{n}.parquet", n, row_group=8192), "disk", args)
     print(json.dumps([n, result["windows_loaded"], result["peak_over_base_mib"]]))
 """
+
+
+def test_bad_row_found_mid_epoch_on_one_rank_ends_the_whole_job_promptly(
+    tmp_path: Path,
+) -> None:
+    """Rank 0 meets the bad row (row group 10, its shard, outside the normalization sample)
+    in its first epoch: it exits 3 naming the row; rank 1, waiting in the gradient
+    all-reduce, exits 4 as soon as the peer's connection closes — not after
+    `collective_timeout_s` (30 s here) — and no model is written."""
+    data = rows(700)
+    data[680]["action"] = "jump"
+    path = write(tmp_path / "t.parquet", data, 64)
+    cfg = write_config(
+        tmp_path / "c.json",
+        "dqn",
+        path,
+        tmp_path / "out",
+        num_nodes=2,
+        init_method=(tmp_path / "rdzv").as_uri(),
+        stream_from_disk=True,
+        stream_window_rows=100,
+        normalization_sample_size=100,
+        actions=ACTIONS,
+        epochs=3,
+    )
+    job = Job("dqn", cfg, tmp_path / "logs")
+    try:
+        nodes = [job.start(k) for k in range(2)]
+        assert nodes[0].wait() == 3
+        failed_at = time.monotonic()
+        assert nodes[1].wait() == 4
+        assert time.monotonic() - failed_at < 15
+    finally:
+        job.close()
+    log0, log1 = nodes[0].text(), nodes[1].text()
+    assert "epoch 1/3" in log0  # training had started: the error came from a window
+    assert "row group 10" in log0 and "'jump'" in log0 and "Traceback" not in log0
+    assert "a peer process probably died" in log1 and "Traceback" not in log1
+    assert not (tmp_path / "out" / "model.pt2").exists()
 
 
 def test_peak_memory_does_not_grow_with_the_table(tmp_path: Path) -> None:
