@@ -340,7 +340,8 @@ class DiskShardStream:
 
     `prepare` turns a loaded window (`load(units)`) into training columns (normalized
     tensors). `configure` sets the step geometry before the first epoch; `epoch_chunks`
-    then yields (columns on `device`, rows) pieces of whole steps, `rows_per_epoch` in all.
+    then yields (host columns, rows) pieces of whole steps, `rows_per_epoch` in all; the
+    step runner's prefetcher moves them to the training device.
     """
 
     def __init__(
@@ -363,20 +364,18 @@ class DiskShardStream:
         self.step_rows = 1
         self.rows_per_epoch = self.num_rows
         self.chunk_rows = window_rows
-        self.device = torch.device("cpu")
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="reagent-lite-disk")
         self.windows_loaded = 0
         # (epoch, its windows, the load of its first window) read ahead at an epoch's end.
         self._ahead: tuple[int, Iterator[list[ShardPiece]], Future[_Window]] | None = None
         self._lock = threading.Lock()
 
-    def configure(self, *, step_rows: int, steps_per_epoch: int, device: torch.device) -> None:
+    def configure(self, *, step_rows: int, steps_per_epoch: int) -> None:
         self.step_rows = step_rows
         self.rows_per_epoch = step_rows * steps_per_epoch
-        # A chunk is at most a window's worth of whole steps (graph buffers are this size).
+        # A chunk is at most a window's worth of whole steps.
         self.chunk_rows = max(step_rows, min(self.window_rows, self.rows_per_epoch))
         self.chunk_rows -= self.chunk_rows % step_rows
-        self.device = device
 
     def describe(self) -> str:
         return (
@@ -464,12 +463,12 @@ class DiskShardStream:
                     pos = take
                     if have + take == step:
                         need -= step
-                        yield self._to_device(carry), step
+                        yield carry, step
                         carry = None
                 while need > 0 and n - pos >= step:
                     rows = min(self.chunk_rows, (n - pos) // step * step, need)
                     need -= rows
-                    yield self._to_device(win.gather(win.order[pos : pos + rows])), rows
+                    yield win.gather(win.order[pos : pos + rows]), rows
                     pos += rows
                 if need > 0 and pos < n:
                     rest = win.gather(win.order[pos:])
@@ -485,11 +484,6 @@ class DiskShardStream:
                 # The epoch is over: an error of that load shows again when it is retried.
                 with contextlib.suppress(Exception):
                     pending.result()
-
-    def _to_device(self, columns: dict[str, Tensor]) -> dict[str, Tensor]:
-        if self.device.type == "cpu":
-            return columns
-        return {k: v.to(self.device) for k, v in columns.items()}
 
     def close(self) -> None:
         if self._ahead is not None:

@@ -18,6 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from reagent_lite.trainers.common import SoftUpdate
 from reagent_lite.training.tensordict import TensorDict
 
 _NEG = -1e9
@@ -69,6 +70,7 @@ class CpeModelTrainer:
         self.kind = kind
         self.nets = nets  # possibly DDP-wrapped CpeNets
         self.target_value = copy.deepcopy(self._raw().value_net).requires_grad_(False)
+        self._soft_update = SoftUpdate(self.target_value, self._raw().value_net)
         self.gamma = gamma
         self.temperature = temperature
         self.tau = target_update_rate
@@ -106,10 +108,7 @@ class CpeModelTrainer:
         if self.grad_sync is not None:
             self.grad_sync()
         self.optimizer.step()
-        with torch.no_grad():
-            params: list[Tensor] = list(self._raw().value_net.parameters())
-            targets: list[Tensor] = list(self.target_value.parameters())
-            torch._foreach_lerp_(targets, params, self.tau)
+        self._soft_update(self.tau)
         return loss.detach()
 
     def state_dict(self) -> dict[str, Any]:
@@ -123,3 +122,4 @@ class CpeModelTrainer:
         self._raw().load_state_dict(state["nets"])
         self.target_value.load_state_dict(state["target_value"])
         self.optimizer.load_state_dict(state["optimizer"])
+        self._soft_update.refresh()

@@ -212,9 +212,6 @@ class Workflow:
                 self.disk.configure(
                     step_rows=self.sampler.batch_size * cfg.training.minibatches_per_step,
                     steps_per_epoch=self.steps_per_epoch,
-                    # Host chunks: the runner's prefetcher moves them to a GPU (pinned
-                    # buffers, side stream) while the previous chunk trains.
-                    device=torch.device("cpu"),
                 )
             self._runner = StepRunner(
                 trainer=self.trainer,

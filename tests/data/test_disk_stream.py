@@ -45,7 +45,7 @@ def test_one_pass_visits_every_row_once(tmp_path: Path, window: int, step: int) 
     want = np.sort(read_table(path).column("reward").to_numpy().astype(np.float32))
     stream = _stream(path, 0, 1, window)
     steps = -(-500 // step)
-    stream.configure(step_rows=step, steps_per_epoch=steps, device=torch.device("cpu"))
+    stream.configure(step_rows=step, steps_per_epoch=steps)
     got, sizes = _epoch(stream, 0)
     assert len(got) == steps * step
     assert all(s % step == 0 and 0 < s <= stream.chunk_rows for s in sizes)
@@ -64,7 +64,7 @@ def test_several_passes_when_steps_exceed_the_shard(tmp_path: Path) -> None:
     path = write(tmp_path / "t.parquet", rows(200), 50)
     want = np.sort(read_table(path).column("reward").to_numpy().astype(np.float32))
     stream = _stream(path, 0, 1, 100)
-    stream.configure(step_rows=20, steps_per_epoch=30, device=torch.device("cpu"))  # 3 passes
+    stream.configure(step_rows=20, steps_per_epoch=30)  # 3 passes
     got, _ = _epoch(stream, 0)
     assert len(got) == 600
     for p in range(3):
@@ -87,7 +87,7 @@ def test_directory_of_parts_sharded_by_rank(tmp_path: Path) -> None:
     for rank in range(2):
         stream = _stream(parts, rank, 2, 150)
         n = stream.num_rows
-        stream.configure(step_rows=10, steps_per_epoch=-(-n // 10), device=torch.device("cpu"))
+        stream.configure(step_rows=10, steps_per_epoch=-(-n // 10))
         got, _ = _epoch(stream, 0)
         seen.append(got[:n])
     np.testing.assert_array_equal(np.sort(np.concatenate(seen)), want)

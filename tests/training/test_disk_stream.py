@@ -362,7 +362,7 @@ def test_parametric_epoch_is_the_resident_tensors_each_row_once(tmp_path: Path) 
     wf.load_training_data()
     assert wf.space.to_json() == resident.space.to_json()
     assert wf.disk is not None and wf.disk.num_rows == 320
-    wf.disk.configure(step_rows=32, steps_per_epoch=10, device=torch.device("cpu"))
+    wf.disk.configure(step_rows=32, steps_per_epoch=10)
     want = {k: v for k, v in resident.train_data.items() if k not in steps.EVAL_ONLY_FIELDS}
     want_order = torch.argsort(want["reward"])
     try:
