@@ -30,7 +30,7 @@ from reagent_lite.training.graphs import ddp_construction, plain_lr
 from reagent_lite.training.kinds import KINDS, FeatureSpace
 from reagent_lite.training.metrics import MetricsWriter
 from reagent_lite.training.shard import load_training_shard, read_validated
-from reagent_lite.training.steps import StepRunner
+from reagent_lite.training.steps import EVAL_ONLY_FIELDS, StepRunner
 from reagent_lite.training.tensordict import TensorDict
 from reagent_lite.training.verify import (
     check_replicas,
@@ -80,6 +80,10 @@ class Workflow:
         self.load_training_data()
         if cfg.device_resident_data:
             self.train_data = self.train_data.to(self.device)
+        if self.device.type == "cpu" and self.disk is None:
+            # One gather per minibatch for all float columns (`RowPack`); on CUDA the
+            # gathers are inside the step's graph and the columns stay apart.
+            self.train_data = self.train_data.packed(skip=EVAL_ONLY_FIELDS)
         self.eval_data = self._eval_tensors() if ctx.is_rank_zero else None
         dims = {name: p.out_dim for name, p in self.pre.items()}
         self.q_net = self.kind.build_q_network(cfg, dims, self.space).to(self.device)

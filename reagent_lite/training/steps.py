@@ -61,7 +61,7 @@ from reagent_lite.training.graphs import (
     make_capturable,
 )
 from reagent_lite.training.prefetch import Chunk, ChunkPrefetcher
-from reagent_lite.training.tensordict import TensorDict
+from reagent_lite.training.tensordict import RowPack, TensorDict
 
 log = logging.getLogger("reagent_lite")
 
@@ -84,14 +84,20 @@ class LazyBatch:
 
     Trainers read a handful of fields (`batch.state`, `batch.reward`, ...); gathering
     only those saves the bandwidth of the rest. `idx` is an index tensor or a slice (a
-    streamed chunk is already in step order, so its batches are views)."""
+    streamed chunk is already in step order, so its batches are views). With `pack` (the
+    shard's `RowPack`), the first packed field read gathers the rows of all of them at
+    once and each is a view of those rows."""
 
-    __slots__ = ("_cache", "_idx", "_source")
+    __slots__ = ("_cache", "_idx", "_pack", "_rows", "_source")
 
-    def __init__(self, source: Mapping[str, Tensor], idx: Tensor | slice):
+    def __init__(
+        self, source: Mapping[str, Tensor], idx: Tensor | slice, pack: RowPack | None = None
+    ):
         object.__setattr__(self, "_source", source)
         object.__setattr__(self, "_idx", idx)
         object.__setattr__(self, "_cache", {})
+        object.__setattr__(self, "_pack", pack)
+        object.__setattr__(self, "_rows", None)
 
     def __getattr__(self, name: str) -> Tensor:
         cache: dict[str, Tensor] = object.__getattribute__(self, "_cache")
@@ -101,8 +107,16 @@ class LazyBatch:
             if name not in source:
                 raise AttributeError(name)
             idx = object.__getattribute__(self, "_idx")
-            column = source[name]
-            found = column[idx] if isinstance(idx, slice) else column.index_select(0, idx)
+            pack: RowPack | None = object.__getattribute__(self, "_pack")
+            if pack is not None and name in pack.columns and not isinstance(idx, slice):
+                rows = object.__getattribute__(self, "_rows")
+                if rows is None:
+                    rows = pack.matrix.index_select(0, idx)
+                    object.__setattr__(self, "_rows", rows)
+                found = pack.view(rows, name)
+            else:
+                column = source[name]
+                found = column[idx] if isinstance(idx, slice) else column.index_select(0, idx)
             cache[name] = found
         return found
 
@@ -150,6 +164,7 @@ class StepRunner:
         self.batch = minibatch_size
         self.step_rows = minibatch_size * minibatches_per_step
         self.columns = training_columns(data)
+        self._pack = data.pack
         # `chunk_source` (stream_from_disk: `data.disk_stream.DiskShardStream`) hands out
         # each epoch's chunks itself, in host memory; `data` is then only a column template.
         self._disk = chunk_source
@@ -280,7 +295,10 @@ class StepRunner:
             ]
         else:
             assert self._eager_indices is not None
-            batches = [LazyBatch(self.columns, next(self._eager_indices)) for _ in range(self.mps)]
+            batches = [
+                LazyBatch(self.columns, next(self._eager_indices), self._pack)
+                for _ in range(self.mps)
+            ]
         self._update(batches)
 
     def _update(self, batches: list[Any]) -> None:

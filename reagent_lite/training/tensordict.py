@@ -6,23 +6,67 @@ serves both workflows; what differs is only which fields exist.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
 
-class TensorDict:
-    __slots__ = ("_tensors",)
-    _tensors: dict[str, Tensor]
+@dataclass(frozen=True)
+class RowPack:
+    """Float32 columns stored side by side in one row-major matrix [N, F]: the rows of a
+    minibatch of all of them are one gather of adjacent bytes (on a CPU, one cache miss
+    per row instead of one per row and column). `columns`: name → (first, end, 1-D)."""
 
-    def __init__(self, tensors: dict[str, Tensor]):
+    matrix: Tensor
+    columns: dict[str, tuple[int, int, bool]]
+
+    def view(self, rows: Tensor, name: str) -> Tensor:
+        """Column `name` of `rows` (rows gathered from `matrix`), as a view."""
+        first, end, flat = self.columns[name]
+        return rows[:, first] if flat else rows[:, first:end]
+
+
+class TensorDict:
+    __slots__ = ("_tensors", "pack")
+    _tensors: dict[str, Tensor]
+    pack: RowPack | None
+
+    def __init__(self, tensors: dict[str, Tensor], pack: RowPack | None = None):
         lengths = {t.shape[0] for t in tensors.values()}
         if len(lengths) > 1:
             raise ValueError(
                 f"tensors of unequal length: { {k: t.shape for k, t in tensors.items()} }"
             )
         object.__setattr__(self, "_tensors", dict(tensors))
+        object.__setattr__(self, "pack", pack)
+
+    def packed(self, skip: Sequence[str] = ()) -> TensorDict:
+        """The same columns with every float32 1-D / 2-D one not in `skip` a view of one
+        `RowPack` matrix (the rest as they are). Copies those columns once; the originals
+        are freed when this object is dropped."""
+        names = [
+            k
+            for k, v in self._tensors.items()
+            if k not in skip and v.dtype == torch.float32 and v.dim() in (1, 2)
+        ]
+        if len(names) < 2:
+            return self
+        widths = [1 if self._tensors[k].dim() == 1 else self._tensors[k].shape[1] for k in names]
+        first = self._tensors[names[0]]
+        matrix = torch.empty(len(self), sum(widths), dtype=torch.float32, device=first.device)
+        layout: dict[str, tuple[int, int, bool]] = {}
+        start = 0
+        for name, width in zip(names, widths, strict=True):
+            column = self._tensors[name]
+            flat = column.dim() == 1
+            matrix[:, start : start + width].copy_(column.unsqueeze(1) if flat else column)
+            layout[name] = (start, start + width, flat)
+            start += width
+        pack = RowPack(matrix, layout)
+        tensors = {k: pack.view(matrix, k) if k in layout else v for k, v in self._tensors.items()}
+        return TensorDict(tensors, pack)
 
     def __getattr__(self, name: str) -> Tensor:
         try:
