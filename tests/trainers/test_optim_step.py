@@ -1,0 +1,112 @@
+"""`OptimizerStep`: the fused Adam(W) kernel called directly equals `optimizer.step()`."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from torch import nn
+
+from reagent_lite.trainers.optim_step import OptimizerStep
+
+
+def net() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
+
+
+def set_grads(module: nn.Module, seed: int) -> None:
+    g = torch.Generator().manual_seed(seed)
+    for p in module.parameters():
+        p.grad = torch.randn(p.shape, generator=g)
+
+
+def run(module: nn.Module, opt: torch.optim.Optimizer, stepper, steps: int) -> None:
+    """`steps` steps of `stepper` (a callable reading `opt.step` when called: the
+    scheduler wraps it to track calls), the learning rate halved every other step."""
+    sched = torch.optim.lr_scheduler.ExponentialLR(opt, 0.5)
+    for i in range(steps):
+        set_grads(module, i)
+        stepper()
+        if i % 2:
+            sched.step()  # the learning rate read afresh each step
+
+
+@pytest.mark.parametrize(
+    ("cls", "kw"),
+    [
+        (torch.optim.Adam, {}),
+        (torch.optim.Adam, {"weight_decay": 0.1, "betas": (0.8, 0.9), "eps": 1e-6}),
+        (torch.optim.AdamW, {"weight_decay": 0.1}),
+        (torch.optim.Adam, {"maximize": True}),
+    ],
+)
+def test_direct_kernel_is_bit_identical_to_step(cls, kw) -> None:
+    a, b = net(), net()
+    opt_a, opt_b = (
+        cls(a.parameters(), lr=0.01, fused=True, **kw),
+        cls(b.parameters(), lr=0.01, fused=True, **kw),
+    )
+    direct = OptimizerStep(opt_a)
+    assert direct.direct
+    run(a, opt_a, direct, 6)
+    run(b, opt_b, lambda: opt_b.step(), 6)
+    for x, y in zip(a.parameters(), b.parameters(), strict=True):
+        assert torch.equal(x, y)
+    for s, t in zip(opt_a.state.values(), opt_b.state.values(), strict=True):
+        assert s.keys() == t.keys() and all(torch.equal(s[k], t[k]) for k in s)
+
+
+def test_state_replaced_by_load_state_dict_is_used() -> None:
+    a, b = net(), net()
+    opt_a = torch.optim.Adam(a.parameters(), lr=0.01, fused=True)
+    opt_b = torch.optim.Adam(b.parameters(), lr=0.01, fused=True)
+    direct = OptimizerStep(opt_a)
+    run(a, opt_a, direct, 3)
+    run(b, opt_b, lambda: opt_b.step(), 3)
+    saved = opt_b.state_dict()
+    # Own copies: a CPU load keeps the given tensors, which two optimizers would share.
+    opt_a.load_state_dict(copy.deepcopy(saved))
+    opt_b.load_state_dict(copy.deepcopy(saved))
+    run(a, opt_a, direct, 3)
+    run(b, opt_b, lambda: opt_b.step(), 3)
+    for x, y in zip(a.parameters(), b.parameters(), strict=True):
+        assert torch.equal(x, y)
+
+
+def test_falls_back_to_step_where_step_does_more() -> None:
+    module = net()
+    opt = torch.optim.Adam(module.parameters(), lr=0.01, fused=True)
+    direct = OptimizerStep(opt)
+    calls: list[int] = []
+    handle = opt.register_step_post_hook(lambda *_: calls.append(1))
+    set_grads(module, 0)
+    direct()  # first step: no state yet → step(), which runs the hook
+    direct()  # hooks registered → step()
+    assert calls == [1, 1]
+    handle.remove()
+    first = next(module.parameters())
+    first.grad = None  # step() skips a parameter without gradient: so must we
+    before = first.detach().clone()
+    direct()
+    assert torch.equal(first, before)
+    assert int(opt.state[first]["step"]) == 2
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda p: torch.optim.Adam(p, lr=0.01),  # not fused
+        lambda p: torch.optim.Adam(p, lr=0.01, fused=True, amsgrad=True),
+        lambda p: torch.optim.SGD(p, lr=0.01),
+    ],
+)
+def test_other_optimizers_use_step(make) -> None:
+    a, b = net(), net()
+    opt_a, opt_b = make(a.parameters()), make(b.parameters())
+    direct = OptimizerStep(opt_a)
+    run(a, opt_a, direct, 3)
+    run(b, opt_b, lambda: opt_b.step(), 3)
+    for x, y in zip(a.parameters(), b.parameters(), strict=True):
+        assert torch.equal(x, y)
