@@ -119,17 +119,27 @@ class MLP(nn.Module):
         assert isinstance(layer, nn.Linear)
         return layer
 
+    def relu_layers(self) -> tuple[list[torch.Tensor], list[torch.Tensor], tuple[bool, ...]] | None:
+        """(weights, biases, ReLU flags) when every layer is linear → ReLU-or-nothing (what
+        `models.fused` runs), else None. Read afresh on each call (cheap: no ModuleList
+        indexing), so parameters replaced by `load_state_dict(assign=True)` are seen."""
+        if self._relu is None:
+            return None
+        layers: list[nn.Linear] = list(self.linears)  # type: ignore[arg-type]
+        return [la.weight for la in layers], [la.bias for la in layers], self._relu
+
     def _fused(self, x: torch.Tensor, start: int) -> torch.Tensor | None:
         """Layers `start:` by the CPU fast path (`models.fused`) when it applies, else None."""
-        if self._relu is None or not fusable_here(x):
+        layers = self.relu_layers()
+        if layers is None or not fusable_here(x):
             return None
-        layers = [self.linear(i) for i in range(start, len(self.linears))]
+        weights, biases, relu = layers
         return fused_mlp(
             x,
-            [layer.weight for layer in layers],
-            [layer.bias for layer in layers],
-            self._relu[start:],
-            pre_relu=start > 0 and self._relu[start - 1],
+            weights[start:],
+            biases[start:],
+            relu[start:],
+            pre_relu=start > 0 and relu[start - 1],
         )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

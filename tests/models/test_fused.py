@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from reagent_lite.models import MLP, DuelingQNetwork, ParametricQNetwork, build_q_network
+from reagent_lite.models import MLP, DuelingQNetwork, ParametricQNetwork, build_q_network, fused
 
 
 def reference(net: MLP, x: torch.Tensor, *, start: int = 0) -> torch.Tensor:
@@ -153,3 +153,53 @@ def test_torch_func_and_autocast_take_the_module_path() -> None:
         out = net(x)
     assert out.dtype == torch.bfloat16 and not fused_node(out)
     out.float().sum().backward()  # the module path's backward copes with the mixed dtypes
+
+
+needs_onednn = pytest.mark.skipif(
+    not fused._onednn_available(), reason="this torch build has no usable oneDNN linear op"
+)
+
+
+@needs_onednn
+def test_large_products_go_to_onednn_and_match_mkl(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Forward products and input gradients of ≥ 64-wide layers run on oneDNN; outputs
+    and gradients equal the MKL-only path to float rounding."""
+    calls: list[tuple[int, ...]] = []
+    real = fused._onednn_linear
+
+    def counting(x, w, *args):
+        calls.append((*x.shape, *w.shape))
+        return real(x, w, *args)
+
+    monkeypatch.setattr(fused, "_onednn_linear", counting)
+    torch.manual_seed(0)
+    net = build_q_network(
+        in_dim=4, n_actions=2, layers=[-1, 128, 96, -1], activations=["relu", "relu", "linear"]
+    )
+    x = torch.randn(200, 4)
+    results = []
+    for use in (True, False):
+        monkeypatch.setattr(fused, "USE_ONEDNN", use)
+        net.zero_grad(set_to_none=True)
+        out = net(x)
+        (out.square() * torch.tensor([1.0, 2.0])).sum().backward()
+        results.append((out.detach(), grads(net)))
+        if use:
+            # forward 200×128 · 128×96 (ReLU fused), backward g·W of that layer; the
+            # 4-wide first and 2-wide last layers stay with MKL.
+            assert calls == [(200, 128, 96, 128), (200, 96, 128, 96)]
+    (out_dnn, g_dnn), (out_mkl, g_mkl) = results
+    torch.testing.assert_close(out_dnn, out_mkl, rtol=1e-5, atol=1e-5)
+    for a, b in zip(g_dnn, g_mkl, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+
+
+def test_onednn_never_sees_inputs_that_need_gradients() -> None:
+    """The oneDNN op has no backward: under autograd the products stay with addmm."""
+    w = torch.randn(128, 128, requires_grad=True)
+    b = torch.zeros(128, requires_grad=True)
+    x = torch.randn(100, 128)
+    outs = fused.layers_forward(x, [w], [b], [True])
+    assert outs[-1].grad_fn is not None
+    outs[-1].sum().backward()
+    assert w.grad is not None
