@@ -7,7 +7,8 @@ after round, and the median of the rounds is reported (a shared machine is noisy
 the ratios, which come from the same minutes).
 
 * `ours`: a real `Workflow` set up from a config, stepped by `Workflow.step_runner()` — the
-  object and calls `Workflow.train()` runs (CPE side models off, and `ours+cpe` with them).
+  object and calls `Workflow.train()` runs (CPE side models off, and `ours+cpe` with them;
+  on a CPU also `ours-mkl`: the same with every matrix product on MKL, none on oneDNN).
 * `bare`: the same maths written directly in PyTorch, tensors already on the device, minibatch
   rows gathered by index from a per-epoch permutation (`bare-graph` on CUDA: that step in
   one CUDA graph).
@@ -39,6 +40,7 @@ from torch import Tensor, nn
 
 from reagent_lite.config import DQNWorkflowConfig, ParametricDQNWorkflowConfig, config_from_dict
 from reagent_lite.distributed.context import DistContext
+from reagent_lite.models import fused
 from reagent_lite.training.loop import Workflow
 from reagent_lite.training.tensordict import TensorDict
 
@@ -120,8 +122,17 @@ def sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def time_ours(wf: Workflow, steps: int, epoch: int) -> float:
-    """Transitions/s of `steps` steps of the workflow's own step runner (as train() runs)."""
+def time_ours(wf: Workflow, steps: int, epoch: int, *, onednn: bool = True) -> float:
+    """Transitions/s of `steps` steps of the workflow's own step runner (as train() runs);
+    `onednn=False`: the CPU products all on MKL (`models.fused.USE_ONEDNN`)."""
+    fused.USE_ONEDNN = onednn
+    try:
+        return _time_ours(wf, steps, epoch)
+    finally:
+        fused.USE_ONEDNN = True
+
+
+def _time_ours(wf: Workflow, steps: int, epoch: int) -> float:
     runner = wf.step_runner()
     torch.manual_seed(epoch)
     runner.begin_epoch(epoch)  # (first call on CUDA: captures the graph, untimed)
@@ -311,6 +322,11 @@ def main(argv: list[str] | None = None) -> None:
                 print(f"{name}: shard {len(wf.train_data):,} rows, "
                       f"{wf.train_data.nbytes() / 2**20:,.0f} MiB on {where}", flush=True)  # fmt: skip
                 contenders[name] = lambda n, e, wf=wf: time_ours(wf, n, e)
+                if dev.type == "cpu" and mode == "resident":
+                    # The same workflow with every product on MKL: what oneDNN adds.
+                    contenders[f"{name}-mkl"] = lambda n, e, wf=wf: time_ours(
+                        wf, n, e, onednn=False
+                    )
                 base = base or wf
         assert base is not None
         if not args.no_cpe:
@@ -339,7 +355,7 @@ def main(argv: list[str] | None = None) -> None:
           f"{os.getloadavg()}")  # fmt: skip
     for k, v in med.items():
         print(f"  {k:28s} {v:14,.0f} transitions/s")
-    pairs = [("ours", "bare"), ("ours", "d3rlpy"), ("ours+cpe", "ours"),
+    pairs = [("ours", "bare"), ("ours", "d3rlpy"), ("ours", "ours-mkl"), ("ours+cpe", "ours"),
              ("ours-graph", "bare-graph"), ("ours-graph+cpe", "ours-graph"),
              ("ours-graph-streamed", "ours-graph"), ("ours-streamed", "ours"),
              ("param:ours", "param:bare"), ("param:ours-graph", "param:bare-graph"),
