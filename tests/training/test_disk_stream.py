@@ -312,7 +312,10 @@ def test_peak_memory_does_not_grow_with_the_table(tmp_path: Path) -> None:
         n, windows_loaded, peak = json.loads(line)
         assert windows_loaded >= 3
         peaks[n] = peak
-    assert peaks[2_000_000] - peaks[200_000] < 40, peaks
+    # Measured 31–43 MiB on a 2-core box, varying run to run: malloc arenas of the window
+    # loader threads (about 10 MiB less with MALLOC_ARENA_MAX=1) and reader buffers. Bounded
+    # memory shows as a difference far below the rows' own ~150 MiB.
+    assert peaks[2_000_000] - peaks[200_000] < 60, peaks
 
 
 # ----------------------------------------------------------------------------- parametric
