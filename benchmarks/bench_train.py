@@ -8,7 +8,8 @@ the ratios, which come from the same minutes).
 
 * `ours`: a real `Workflow` set up from a config, stepped by `Workflow.step_runner()` — the
   object and calls `Workflow.train()` runs (CPE side models off, and `ours+cpe` with them;
-  on a CPU also `ours-mkl`: the same with every matrix product on MKL, none on oneDNN).
+  on a CPU also `ours-mkl` / `ours-onednn`: the large products forced onto one library
+  instead of the machine's rule, see `models/fused.py`).
 * `bare`: the same maths written directly in PyTorch, tensors already on the device, minibatch
   rows gathered by index from a per-epoch permutation (`bare-graph` on CUDA: that step in
   one CUDA graph).
@@ -122,14 +123,16 @@ def sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def time_ours(wf: Workflow, steps: int, epoch: int, *, onednn: bool = True) -> float:
+def time_ours(wf: Workflow, steps: int, epoch: int, *, onednn: bool | None = None) -> float:
     """Transitions/s of `steps` steps of the workflow's own step runner (as train() runs);
-    `onednn=False`: the CPU products all on MKL (`models.fused.USE_ONEDNN`)."""
-    fused.USE_ONEDNN = onednn
+    `onednn`: force the CPU's large products onto oneDNN (True) or MKL (False) instead of
+    the machine's rule (`models.fused.USE_ONEDNN`)."""
+    rule = fused.USE_ONEDNN
+    fused.USE_ONEDNN = rule if onednn is None else onednn
     try:
         return _time_ours(wf, steps, epoch)
     finally:
-        fused.USE_ONEDNN = True
+        fused.USE_ONEDNN = rule
 
 
 def _time_ours(wf: Workflow, steps: int, epoch: int) -> float:
@@ -301,6 +304,9 @@ def main(argv: list[str] | None = None) -> None:
     print(f"torch {torch.__version__}, threads {torch.get_num_threads()}, device {dev}"
           + (f" ({torch.cuda.get_device_name(dev)})" if dev.type == "cuda" else "")
           + f", load {os.getloadavg()}", flush=True)  # fmt: skip
+    if dev.type == "cpu":
+        print(f"CPU {fused._cpu_vendor() or 'vendor unknown'}: large products on "
+              f"{'oneDNN' if fused.USE_ONEDNN else 'MKL'}", flush=True)  # fmt: skip
     results: dict[str, list[float]] = {}
     contenders: dict[str, Callable[[int, int], float]] = {}
     tmp = tempfile.TemporaryDirectory()
@@ -323,10 +329,12 @@ def main(argv: list[str] | None = None) -> None:
                       f"{wf.train_data.nbytes() / 2**20:,.0f} MiB on {where}", flush=True)  # fmt: skip
                 contenders[name] = lambda n, e, wf=wf: time_ours(wf, n, e)
                 if dev.type == "cpu" and mode == "resident":
-                    # The same workflow with every product on MKL: what oneDNN adds.
-                    contenders[f"{name}-mkl"] = lambda n, e, wf=wf: time_ours(
-                        wf, n, e, onednn=False
-                    )
+                    # The same workflow with the products forced onto either library: what
+                    # the machine's rule (`models.fused`) chose against the other.
+                    for lib, flag in (("mkl", False), ("onednn", True)):
+                        contenders[f"{name}-{lib}"] = lambda n, e, wf=wf, flag=flag: time_ours(
+                            wf, n, e, onednn=flag
+                        )
                 base = base or wf
         assert base is not None
         if not args.no_cpe:
@@ -355,7 +363,7 @@ def main(argv: list[str] | None = None) -> None:
           f"{os.getloadavg()}")  # fmt: skip
     for k, v in med.items():
         print(f"  {k:28s} {v:14,.0f} transitions/s")
-    pairs = [("ours", "bare"), ("ours", "d3rlpy"), ("ours", "ours-mkl"), ("ours+cpe", "ours"),
+    pairs = [("ours", "bare"), ("ours", "d3rlpy"), ("ours-onednn", "ours-mkl"), ("ours+cpe", "ours"),
              ("ours-graph", "bare-graph"), ("ours-graph+cpe", "ours-graph"),
              ("ours-graph-streamed", "ours-graph"), ("ours-streamed", "ours"),
              ("param:ours", "param:bare"), ("param:ours-graph", "param:bare-graph"),

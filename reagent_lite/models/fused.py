@@ -52,15 +52,32 @@ def layers_forward(
 
 
 # -- which library multiplies ------------------------------------------------------------
-# On the Zen 4 cores we measure on, oneDNN's fp32 GEMM (through the op torch's own CPU
-# compiler calls, `mkldnn._linear_pointwise`, ReLU applied as it writes the output) runs
-# the reference step's 1024×256×256 products 10–15% faster than MKL's `addmm` / `mm`
-# (690 vs 770 µs forward, 665 vs 750 µs for g·W; whole step +6%, `benchmarks/RESULTS.md`);
-# weight gradients gᵀ·h stay with MKL, which is faster there (710 vs 900 µs). Same fp32
-# maths, another summation order. Used for products of at least `_ONEDNN_MIN` in every
-# dimension: a fixed rule, so every rank of a job picks the same library.
+# On AMD's Zen 4 cores, oneDNN's fp32 GEMM (through the op torch's own CPU compiler calls,
+# `mkldnn._linear_pointwise`, ReLU applied as it writes the output) runs the reference
+# step's 1024×256×256 products faster than MKL's `addmm` / `mm` (690 vs 770 µs forward,
+# 665 vs 750 µs for g·W; whole step +6%); on an Intel Xeon it is the other way round (whole
+# step −6 to −10%); weight gradients gᵀ·h are faster on MKL on both (710 vs 900 µs on Zen 4).
+# Figures: `bench_train` (`ours` vs `ours-mkl` / `ours-onednn`), `benchmarks/RESULTS.md`.
+# So: oneDNN for forward products and input gradients on AMD CPUs, MKL otherwise — a fixed
+# rule of the machine (not a timing race), so a run and its resumption, and every rank
+# of a node, multiply the same way. Same fp32 maths either way, another summation order.
+# Only for products of at least `_ONEDNN_MIN` in every dimension.
 _ONEDNN_MIN = 64
-USE_ONEDNN = True  # switch for tests and debugging
+
+
+def _cpu_vendor() -> str:
+    """The CPU's vendor id (`AuthenticAMD`, `GenuineIntel`, ...) where Linux says, else ''."""
+    try:
+        with open("/proc/cpuinfo", encoding="ascii", errors="replace") as f:
+            for line in f:
+                if line.startswith("vendor_id"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return ""
+
+
+USE_ONEDNN = _cpu_vendor() == "AuthenticAMD"  # the rule above; tests switch it
 _onednn_linear: Any = None
 _onednn_checked = False
 
