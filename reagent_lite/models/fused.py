@@ -41,24 +41,26 @@ def layers_forward(
     outs = [x]
     for w, b, act in zip(weights, biases, relu, strict=True):
         inp = outs[-1]
-        if _onednn_suits(inp, w):
-            h = _onednn_linear(inp, w, b, "relu" if act else "none", [], "")
-        else:
+        # (oneDNN's fused ReLU post-op would turn NaN into 0 — a diverged run would look
+        # healthy — so the ReLU is always torch's, which keeps NaN.)
+        h = _onednn_linear(inp, w, b, "none", [], "") if _onednn_suits(inp, w) else None
+        if h is None:
             h = torch.addmm(b, inp, w.t())
-            if act:
-                h.relu_()
+        if act:
+            h.relu_()
         outs.append(h)
     return outs
 
 
 # -- which library multiplies ------------------------------------------------------------
 # On AMD's Zen 4 cores, oneDNN's fp32 GEMM (through the op torch's own CPU compiler calls,
-# `mkldnn._linear_pointwise`, ReLU applied as it writes the output) runs the reference
+# `mkldnn._linear_pointwise`) runs the reference
 # step's 1024×256×256 products faster than MKL's `addmm` / `mm` (690 vs 770 µs forward,
 # 665 vs 750 µs for g·W; whole step +6%); on an Intel Xeon it is the other way round (whole
 # step −6 to −10%); weight gradients gᵀ·h are faster on MKL on both (710 vs 900 µs on Zen 4).
 # Figures: `bench_train` (`ours` vs `ours-mkl` / `ours-onednn`), `benchmarks/RESULTS.md`.
-# So: oneDNN for forward products and input gradients on AMD CPUs, MKL otherwise — a fixed
+# So: oneDNN for forward products and input gradients on AMD CPUs (measured on Zen 4 only),
+# MKL otherwise, and never with `torch.backends.mkldnn.flags(enabled=False)` — a fixed
 # rule of the machine (not a timing race), so a run and its resumption, and every rank
 # of a node, multiply the same way. Same fp32 maths either way, another summation order.
 # Only for products of at least `_ONEDNN_MIN` in every dimension.
@@ -92,9 +94,11 @@ def _onednn_available() -> bool:
                 op = torch.ops.mkldnn._linear_pointwise
                 g = torch.Generator().manual_seed(0)
                 x, w, b = (torch.randn(*s, generator=g) for s in ((80, 72), (66, 72), (66,)))
+                x[3, 5] = float("nan")  # must come out as NaN in row 3, like addmm's
                 with torch.no_grad():
-                    got = op(x, w, b, "relu", [], "")
-                if torch.allclose(got, torch.addmm(b, x, w.t()).relu_(), rtol=1e-4, atol=1e-4):
+                    got = op(x, w, b, "none", [], "")
+                want = torch.addmm(b, x, w.t())
+                if torch.allclose(got, want, rtol=1e-4, atol=1e-4, equal_nan=True):
                     _onednn_linear = op
         except (AttributeError, RuntimeError):
             _onednn_linear = None
@@ -105,6 +109,7 @@ def _onednn_suits(x: Tensor, w: Tensor) -> bool:
     """oneDNN for x·wᵀ: large fp32 products outside autograd (the op has no backward)."""
     return (
         USE_ONEDNN
+        and torch._C._get_mkldnn_enabled()
         and x.shape[0] >= _ONEDNN_MIN
         and w.shape[0] >= _ONEDNN_MIN
         and w.shape[1] >= _ONEDNN_MIN

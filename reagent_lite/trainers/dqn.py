@@ -146,12 +146,18 @@ class DQNTrainer(QLearningTrainer[DiscreteBatch]):
         (tests/trainers/test_fused_step.py); it saves the autograd engine, the loss and
         gather backward nodes and the gradient accumulation nodes — about a sixth of the
         reference step on two cores."""
-        if not (self.fused_step and isinstance(self.online, MLP)):
+        online = self.online
+        if not (self.fused_step and isinstance(online, MLP)):
             return None
-        layers = self.online.relu_layers()
-        if layers is None or not fusable_here(batch.state):
+        layers = online.relu_layers()
+        if layers is None or online._forward_hooks or online._forward_pre_hooks:
+            return None  # (hooks on the network expect its forward to run)
+        if not fusable_here(batch.state):
             return None
         weights, biases, relu = layers
+        params = [t for pair in zip(weights, biases, strict=True) for t in pair]
+        if not all(p.requires_grad for p in params):
+            return None  # frozen layers: autograd leaves them without gradient
         target = self.compute_target(batch)
         with torch.no_grad():
             outs = layers_forward(batch.state, weights, biases, relu)
@@ -173,7 +179,6 @@ class DQNTrainer(QLearningTrainer[DiscreteBatch]):
                 total = td
                 grad = torch.zeros_like(q_all).scatter_(1, logged, dq.unsqueeze(1))
             param_grads, _ = layers_backward(outs, weights, relu, grad, grad_owned=True)
-            params = [t for pair in zip(weights, biases, strict=True) for t in pair]
             for p, g in zip(params, param_grads, strict=True):
                 if p.grad is None:
                     p.grad = g if g.is_contiguous() else g.contiguous()

@@ -6,9 +6,9 @@ the optimizer (profiling and hook wrappers, gathering the state lists, grouping 
 device and dtype). `OptimizerStep` calls the same kernel with the same arguments on the
 optimizer's own state tensors — bit-identical parameters and state
 (tests/trainers/test_optim_step.py) — and falls back to `step()` whenever that does
-anything else: the first step (the state does not exist yet), step hooks registered, a
-parameter without a gradient, amsgrad / capturable / differentiable groups, any other
-optimizer or a non-CPU parameter.
+anything else: the first call (the state may not exist yet; schedulers watch it), step
+hooks registered, a parameter without a gradient, amsgrad / capturable / differentiable
+groups, any other optimizer or a non-CPU parameter.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ class OptimizerStep:
 
     def __init__(self, optimizer: torch.optim.Optimizer):
         self.optimizer = optimizer
+        self._first = True
         params = [p for g in optimizer.param_groups for p in g["params"]]
         self.direct = (
             type(optimizer) in (torch.optim.Adam, torch.optim.AdamW)
@@ -51,7 +52,17 @@ class OptimizerStep:
         )
 
     def __call__(self) -> None:
-        if not self.direct or self._hooked() or not self._plain_groups() or not self._direct_step():
+        # The first call always goes through `step()`: an LR scheduler's wrapper around it
+        # records that the optimizer stepped (else it warns), also after a resume, where
+        # the loaded state would allow the kernel at once.
+        first, self._first = self._first, False
+        if (
+            first
+            or not self.direct
+            or self._hooked()
+            or not self._plain_groups()
+            or not self._direct_step()
+        ):
             self.optimizer.step()
 
     @torch.no_grad()

@@ -83,7 +83,7 @@ class Workflow:
         if self.device.type == "cpu" and self.disk is None:
             # One gather per minibatch for all float columns (`RowPack`); on CUDA the
             # gathers are inside the step's graph and the columns stay apart.
-            self.train_data = self.train_data.packed(skip=EVAL_ONLY_FIELDS)
+            self.train_data = self.train_data.packed(skip=EVAL_ONLY_FIELDS, consume=True)
         self.eval_data = self._eval_tensors() if ctx.is_rank_zero else None
         dims = {name: p.out_dim for name, p in self.pre.items()}
         self.q_net = self.kind.build_q_network(cfg, dims, self.space).to(self.device)

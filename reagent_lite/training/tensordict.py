@@ -42,10 +42,11 @@ class TensorDict:
         object.__setattr__(self, "_tensors", dict(tensors))
         object.__setattr__(self, "pack", pack)
 
-    def packed(self, skip: Sequence[str] = ()) -> TensorDict:
+    def packed(self, skip: Sequence[str] = (), *, consume: bool = False) -> TensorDict:
         """The same columns with every float32 1-D / 2-D one not in `skip` a view of one
-        `RowPack` matrix (the rest as they are). Copies those columns once; the originals
-        are freed when this object is dropped."""
+        `RowPack` matrix (the rest as they are): a new object, or with `consume` this one,
+        switched column by column so that each original can be freed as soon as it is
+        copied (peak memory then grows by about one column, not by all of them)."""
         names = [
             k
             for k, v in self._tensors.items()
@@ -55,18 +56,26 @@ class TensorDict:
             return self
         widths = [1 if self._tensors[k].dim() == 1 else self._tensors[k].shape[1] for k in names]
         first = self._tensors[names[0]]
+        # Pages are committed as columns are copied in, not here.
         matrix = torch.empty(len(self), sum(widths), dtype=torch.float32, device=first.device)
         layout: dict[str, tuple[int, int, bool]] = {}
         start = 0
+        pack = RowPack(matrix, layout)
+        views: dict[str, Tensor] = {}
         for name, width in zip(names, widths, strict=True):
             column = self._tensors[name]
             flat = column.dim() == 1
             matrix[:, start : start + width].copy_(column.unsqueeze(1) if flat else column)
             layout[name] = (start, start + width, flat)
+            views[name] = pack.view(matrix, name)
+            if consume:
+                self._tensors[name] = views[name]
+            del column
             start += width
-        pack = RowPack(matrix, layout)
-        tensors = {k: pack.view(matrix, k) if k in layout else v for k, v in self._tensors.items()}
-        return TensorDict(tensors, pack)
+        if consume:
+            object.__setattr__(self, "pack", pack)
+            return self
+        return TensorDict({k: views.get(k, v) for k, v in self._tensors.items()}, pack)
 
     def __getattr__(self, name: str) -> Tensor:
         try:

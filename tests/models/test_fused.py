@@ -215,3 +215,22 @@ def test_library_rule_follows_the_cpu_vendor() -> None:
     vendor = fused._cpu_vendor()
     assert vendor and vendor in cpuinfo.read_text()
     assert fused.USE_ONEDNN is (vendor == "AuthenticAMD")
+
+
+@pytest.mark.parametrize("onednn", [True, False])
+def test_nan_in_a_weight_reaches_the_output(monkeypatch: pytest.MonkeyPatch, onednn: bool) -> None:
+    """A diverged parameter must show in the output (and so in the loss the divergence
+    guard reads) on either library: no ReLU may turn NaN into 0."""
+    if onednn and not fused._onednn_available():
+        pytest.skip("this torch build has no usable oneDNN linear op")
+    monkeypatch.setattr(fused, "USE_ONEDNN", onednn)
+    torch.manual_seed(0)
+    net = build_q_network(
+        in_dim=5, n_actions=3, layers=[-1, 128, 128, -1], activations=["relu", "relu", "linear"]
+    )
+    with torch.no_grad():
+        net.linear(0).weight[7, 2] = float("nan")
+    x = torch.randn(256, 5)
+    with torch.no_grad():
+        assert net(x).isnan().all()
+    assert net(x).isnan().all()  # the autograd node's forward too

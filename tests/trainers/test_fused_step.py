@@ -157,3 +157,17 @@ def test_fused_step_on_onednn_products_equals_the_autograd_step_on_mkl(
         torch.testing.assert_close(rec_f.total, rec_p.total, rtol=1e-5, atol=1e-6)
     for x, y in zip(fused.online.parameters(), plain.online.parameters(), strict=True):
         torch.testing.assert_close(x, y, rtol=1e-4, atol=1e-5)
+
+
+def test_hooks_and_frozen_layers_take_the_autograd_path() -> None:
+    fused, _ = pair(mlp())
+    handle = fused.online.register_forward_hook(lambda *_: None)
+    assert fused._fused_backward(batch(16, seed=0), 1.0) is None
+    handle.remove()
+    assert fused._fused_backward(batch(16, seed=0), 1.0) is not None
+    fused.online.zero_grad(set_to_none=True)
+    first = fused.online.linear(0)
+    first.requires_grad_(False)
+    assert fused._fused_backward(batch(16, seed=0), 1.0) is None
+    fused.train_step([batch(16, seed=0)])
+    assert first.weight.grad is None

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import warnings
 
 import pytest
 import torch
@@ -110,3 +111,25 @@ def test_other_optimizers_use_step(make) -> None:
     run(b, opt_b, lambda: opt_b.step(), 3)
     for x, y in zip(a.parameters(), b.parameters(), strict=True):
         assert torch.equal(x, y)
+
+
+def test_a_resumed_run_steps_through_step_once_so_the_scheduler_does_not_warn() -> None:
+    """After a resume the loaded state would allow the kernel at once; the first call
+    still runs `step()`, which the scheduler watches (else: 'lr_scheduler.step() before
+    optimizer.step()')."""
+    a = net()
+    opt = torch.optim.Adam(a.parameters(), lr=0.01, fused=True)
+    run(a, opt, OptimizerStep(opt), 3)
+    saved = copy.deepcopy(opt.state_dict())
+    b = net()
+    resumed = torch.optim.Adam(b.parameters(), lr=0.01, fused=True)
+    resumed.load_state_dict(saved)
+    sched = torch.optim.lr_scheduler.ExponentialLR(resumed, 0.5)
+    stepper = OptimizerStep(resumed)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for i in range(3):
+            set_grads(b, i)
+            stepper()
+            sched.step()
+    assert int(resumed.state[next(b.parameters())]["step"]) == 6

@@ -53,3 +53,15 @@ def test_lazy_batch_gathers_all_packed_columns_at_once() -> None:
     assert batch.state.untyped_storage().data_ptr() == batch._rows.data_ptr()
     sliced = LazyBatch(dict(packed.items()), slice(2, 6), packed.pack)
     assert torch.equal(sliced.reward, data.reward[2:6]) and sliced._rows is None
+
+
+def test_consuming_pack_switches_this_object_column_by_column() -> None:
+    data = shard()
+    expect = {k: v.clone() for k, v in data.items()}
+    state_before = data.state
+    packed = data.packed(skip=["propensity"], consume=True)
+    assert packed is data and data.pack is not None
+    assert data.state.untyped_storage().data_ptr() == data.pack.matrix.data_ptr()
+    assert data.state is not state_before  # the original is no longer held here
+    for name, value in expect.items():
+        assert torch.equal(data[name], value), name
