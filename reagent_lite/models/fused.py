@@ -41,10 +41,11 @@ def layers_forward(
     outs = [x]
     for w, b, act in zip(weights, biases, relu, strict=True):
         inp = outs[-1]
-        # (oneDNN's fused ReLU post-op would turn NaN into 0 — a diverged run would look
-        # healthy — so the ReLU is always torch's, which keeps NaN.)
-        h = _onednn_linear(inp, w, b, "none", [], "") if _onednn_suits(inp, w) else None
-        if h is None:
+        if _onednn_suits(inp, w):
+            # Without oneDNN's ReLU post-op: it turns NaN into 0, and a diverged run would
+            # look healthy. torch's ReLU below keeps NaN.
+            h = _onednn_linear(inp, w, b, "none", [], "")
+        else:
             h = torch.addmm(b, inp, w.t())
         if act:
             h.relu_()
@@ -54,10 +55,10 @@ def layers_forward(
 
 # -- which library multiplies ------------------------------------------------------------
 # On AMD's Zen 4 cores, oneDNN's fp32 GEMM (through the op torch's own CPU compiler calls,
-# `mkldnn._linear_pointwise`) runs the reference
-# step's 1024×256×256 products faster than MKL's `addmm` / `mm` (690 vs 770 µs forward,
-# 665 vs 750 µs for g·W; whole step +6%); on an Intel Xeon it is the other way round (whole
-# step −6 to −10%); weight gradients gᵀ·h are faster on MKL on both (710 vs 900 µs on Zen 4).
+# `mkldnn._linear_pointwise`) runs the reference step's 1024×256×256 products faster than
+# MKL's `addmm` / `mm` (690 vs 770 µs forward, 665 vs 750 µs for g·W; whole step +2–7%);
+# on an Intel Xeon it is the other way round (whole step −3 to −10%); weight gradients
+# gᵀ·h are faster on MKL (710 vs 900 µs on Zen 4).
 # Figures: `bench_train` (`ours` vs `ours-mkl` / `ours-onednn`), `benchmarks/RESULTS.md`.
 # So: oneDNN for forward products and input gradients on AMD CPUs (measured on Zen 4 only),
 # MKL otherwise, and never with `torch.backends.mkldnn.flags(enabled=False)` — a fixed

@@ -158,8 +158,10 @@ def td_loss_and_grad(
     MSE: 2·(q − target)/B. Huber (δ = 1): (q − target) clamped to [−1, 1], over B."""
     diff = q - target
     if kind == "huber":
-        return F.smooth_l1_loss(q, target, beta=1.0), diff.clamp_(-1.0, 1.0).mul_(scale / len(q))
-    return F.mse_loss(q, target), diff.mul_(2.0 * scale / len(q))
+        grad = diff.clamp_(-1.0, 1.0).mul_(scale / len(q))
+    else:
+        grad = diff.mul_(2.0 * scale / len(q))
+    return td_loss(q, target, kind), grad
 
 
 class SoftUpdate:

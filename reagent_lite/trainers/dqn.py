@@ -132,11 +132,9 @@ class DQNTrainer(QLearningTrainer[DiscreteBatch]):
         if not self.hp.double_q_learning:
             return masked_max(target_q, mask)[0]
         # Double Q: the online net picks the action, the target net values it.
-        valid = mask > 0
-        online_q = self.online(batch.next_state)
-        online_q = torch.where(valid, online_q, torch.finfo(online_q.dtype).min)
-        value = target_q.gather(1, online_q.argmax(dim=1, keepdim=True)).squeeze(1)
-        return torch.where(valid.any(dim=1), value, 0.0)
+        _, best = masked_max(self.online(batch.next_state), mask)
+        value = target_q.gather(1, best.unsqueeze(1)).squeeze(1)
+        return torch.where((mask > 0).any(dim=1), value, 0.0)
 
     def _fused_backward(self, batch: DiscreteBatch, scale: float) -> DQNLoss | None:
         """The step's forward, loss gradient and backward written out for a ReLU MLP on

@@ -54,24 +54,25 @@ class TensorDict:
         ]
         if len(names) < 2:
             return self
-        widths = [1 if self._tensors[k].dim() == 1 else self._tensors[k].shape[1] for k in names]
-        first = self._tensors[names[0]]
-        # Pages are committed as columns are copied in, not here.
-        matrix = torch.empty(len(self), sum(widths), dtype=torch.float32, device=first.device)
         layout: dict[str, tuple[int, int, bool]] = {}
         start = 0
+        for name in names:
+            column = self._tensors[name]
+            width = 1 if column.dim() == 1 else column.shape[1]
+            layout[name] = (start, start + width, column.dim() == 1)
+            start += width
+        # Pages are committed as columns are copied in, not here.
+        matrix = torch.empty(
+            len(self), start, dtype=torch.float32, device=self._tensors[names[0]].device
+        )
         pack = RowPack(matrix, layout)
         views: dict[str, Tensor] = {}
-        for name, width in zip(names, widths, strict=True):
+        for name, (begin, end, flat) in layout.items():
             column = self._tensors[name]
-            flat = column.dim() == 1
-            matrix[:, start : start + width].copy_(column.unsqueeze(1) if flat else column)
-            layout[name] = (start, start + width, flat)
+            matrix[:, begin:end].copy_(column.unsqueeze(1) if flat else column)
             views[name] = pack.view(matrix, name)
             if consume:
                 self._tensors[name] = views[name]
-            del column
-            start += width
         if consume:
             object.__setattr__(self, "pack", pack)
             return self
