@@ -206,8 +206,12 @@ def fused_mlp(
     relu: Sequence[bool],
     *,
     pre_relu: bool = False,
+    consume: bool = False,
 ) -> Tensor:
-    """The MLP `x → [relu] → (linear → relu?)*` on a CPU tensor of any leading shape."""
+    """The MLP `x → [relu] → (linear → relu?)*` on a CPU tensor of any leading shape.
+
+    `consume`: `x` is the caller's scratch tensor; without autograd, the leading ReLU then
+    runs in place on it (a [B·K, H] candidate tensor: one allocation and pass fewer)."""
     flat = x if x.dim() == 2 else x.reshape(-1, x.shape[-1])
     needs_grad = torch.is_grad_enabled() and (
         x.requires_grad or any(p.requires_grad for p in (*weights, *biases))
@@ -216,7 +220,7 @@ def fused_mlp(
         params = [t for pair in zip(weights, biases, strict=True) for t in pair]
         out = _FusedMLP.apply(flat, tuple(relu), pre_relu, *params)
     else:
-        first = torch.relu(flat) if pre_relu else flat
+        first = (flat.relu_() if consume else torch.relu(flat)) if pre_relu else flat
         out = layers_forward(first, weights, biases, relu)[-1]
     return out if x.dim() == 2 else out.reshape(*x.shape[:-1], out.shape[-1])
 

@@ -128,7 +128,7 @@ class MLP(nn.Module):
         layers: list[nn.Linear] = list(self.linears)  # type: ignore[arg-type]
         return [la.weight for la in layers], [la.bias for la in layers], self._relu
 
-    def _fused(self, x: torch.Tensor, start: int) -> torch.Tensor | None:
+    def _fused(self, x: torch.Tensor, start: int, consume: bool = False) -> torch.Tensor | None:
         """Layers `start:` by the CPU fast path (`models.fused`) when it applies, else None."""
         layers = self.relu_layers()
         if layers is None or not fusable_here(x):
@@ -140,6 +140,7 @@ class MLP(nn.Module):
             biases[start:],
             relu[start:],
             pre_relu=start > 0 and relu[start - 1],
+            consume=consume,
         )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -150,9 +151,12 @@ class MLP(nn.Module):
             x = tail(linear(x))
         return x
 
-    def forward_after_first(self, h: torch.Tensor) -> torch.Tensor:
-        """Finish the forward pass from the pre-activation output `h` of the first layer."""
-        fast = self._fused(h, 1) if len(self.linears) > 1 else None
+    def forward_after_first(self, h: torch.Tensor, *, consume: bool = False) -> torch.Tensor:
+        """Finish the forward pass from the pre-activation output `h` of the first layer.
+
+        `consume`: `h` is the caller's scratch tensor, which the CPU fast path may then
+        overwrite (its first activation in place) when no gradient is recorded."""
+        fast = self._fused(h, 1, consume) if len(self.linears) > 1 else None
         if fast is not None:
             return fast
         x = self.tails[0](h)

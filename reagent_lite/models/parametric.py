@@ -60,9 +60,11 @@ class ParametricQNetwork(nn.Module):
         first = self.mlp.linear(0)
         w_state = first.weight[:, : self.state_dim]
         w_action = first.weight[:, self.state_dim :]
-        # [B, 1, H] + [B, K, H]: the state's contribution is shared by all candidates.
-        h = F.linear(state, w_state, first.bias).unsqueeze(1) + F.linear(actions, w_action)
-        return self.mlp.forward_after_first(h).squeeze(-1)
+        # [B, K, H] += [B, 1, H]: the state's contribution is shared by all candidates,
+        # added into the candidates' product (one [B, K, H] buffer, not two; the sum is
+        # the same either way round). The rest of the network may then overwrite it.
+        h = F.linear(actions, w_action).add_(F.linear(state, w_state, first.bias).unsqueeze(1))
+        return self.mlp.forward_after_first(h, consume=True).squeeze(-1)
 
     def forward_pairs(self, state: torch.Tensor, action: torch.Tensor) -> torch.Tensor:
         """Score of one action per state: [B, D], [B, G] → [B]."""

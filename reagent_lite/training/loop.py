@@ -27,6 +27,7 @@ from reagent_lite.normalization.module import Preprocessor
 from reagent_lite.normalization.params import NormalizationParameters
 from reagent_lite.training import checkpoint as ckpt
 from reagent_lite.training.graphs import ddp_construction, plain_lr
+from reagent_lite.training.host_memory import keep_freed_memory
 from reagent_lite.training.kinds import KINDS, FeatureSpace
 from reagent_lite.training.metrics import MetricsWriter
 from reagent_lite.training.shard import load_training_shard, read_validated
@@ -112,6 +113,11 @@ class Workflow:
                 use_time_diff=cfg.rl.use_seq_num_diff_as_time_diff,
             )
         self._plan_steps()
+        if self.device.type == "cpu":
+            # Step after step the same large activations: their pages kept, not re-faulted.
+            how = keep_freed_memory()
+            if ctx.is_rank_zero:
+                log.info("host memory: %s", how)
         if ctx.is_rank_zero:
             self.metrics = MetricsWriter(self.output_dir, append=self.resume)
         if self.resume:

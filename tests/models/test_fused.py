@@ -96,6 +96,39 @@ def test_parametric_split_first_layer_uses_the_fast_path_and_matches() -> None:
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
 
 
+def test_consumed_input_is_overwritten_only_without_autograd() -> None:
+    """`consume=True` (the parametric network's candidate tensor): without autograd the
+    leading ReLU runs in place on the input and the output is unchanged; with autograd, or
+    without `consume`, the input is left as it was."""
+    torch.manual_seed(2)
+    net = MLP([6, 32, 16, 1], ["relu", "relu", "linear"])
+    weights, biases, relu = net.relu_layers()  # type: ignore[misc]
+    x = torch.randn(40, 32)
+    want = reference(net, x, start=1)
+    for consume in (False, True):
+        with torch.no_grad():
+            h = x.clone()
+            out = fused.fused_mlp(
+                h, weights[1:], biases[1:], relu[1:], pre_relu=True, consume=consume
+            )
+        torch.testing.assert_close(out, want, rtol=1e-5, atol=1e-6)
+        assert torch.equal(h, x.relu() if consume else x)
+    h = x.clone().requires_grad_()
+    out = fused.fused_mlp(h, weights[1:], biases[1:], relu[1:], pre_relu=True, consume=True)
+    assert fused_node(out) and torch.equal(h.detach(), x)
+
+
+def test_parametric_candidate_scores_are_the_same_with_and_without_grad() -> None:
+    torch.manual_seed(3)
+    net = ParametricQNetwork(5, 3)
+    state, actions = torch.randn(32, 5), torch.randn(32, 7, 3)
+    kept = actions.clone()
+    with torch.no_grad():
+        free = net(state, actions)
+    assert torch.equal(actions, kept)  # only the network's own scratch tensor is consumed
+    torch.testing.assert_close(net(state, actions).detach(), free, rtol=0, atol=0)
+
+
 def test_dueling_trunk_is_fused() -> None:
     net = build_q_network(
         in_dim=4, n_actions=3, layers=[-1, 16, 16, -1], activations=["relu"] * 2 + ["linear"],
