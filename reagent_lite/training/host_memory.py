@@ -5,19 +5,26 @@ batch 1024 with 16 candidates: several [16384, 256] float tensors, 16 MiB each).
 malloc adapts its thresholds to such sizes, but still hands the top of the heap back to the
 kernel whenever more than twice the largest recent block is free there — so every step
 the kernel zero-fills the same pages again: 16,000 page faults a step for the parametric
-reference step on an Intel Xeon, which made it ≈ 1.6× slower than with the pages kept
-(`benchmarks/RESULTS.md`). PyTorch's CPU tuning notes recommend jemalloc / tcmalloc for
-this; the same effect from glibc itself is two `mallopt` settings:
+reference step on an Intel Xeon (`benchmarks/RESULTS.md`). PyTorch's CPU tuning notes
+recommend jemalloc / tcmalloc for this; the same effect from glibc itself is two `mallopt`
+settings:
 
 * `M_MMAP_THRESHOLD` = 32 MiB (glibc's upper limit): blocks below come from the heap,
   where they can be reused, rather than from fresh `mmap`s;
 * `M_TRIM_THRESHOLD` = 512 MiB: free memory at the heap's top is returned to the kernel
   only beyond that much.
 
-Set once, when a CPU training run starts (after its data are loaded: ingest's transient
-peaks are still returned). The cost: up to 512 MiB of freed heap stays with the process
-for reuse. Left alone when the process runs another allocator (`LD_PRELOAD`) or when the
-user set glibc's malloc tunables (`MALLOC_*_` variables, `GLIBC_TUNABLES`), and outside glibc.
+The limit: a single activation of 32 MiB or more (e.g. parametric batch 2048 × 16
+candidates × 256 units) is still a fresh `mmap` each time and faulted in every step; for
+such runs preload jemalloc or tcmalloc (`LD_PRELOAD`), which this then leaves alone.
+
+Set once per process, when a CPU run's training is set up (after the shard is loaded, so
+ingest's transient peaks are still returned; disk-streamed windows keep loading later,
+under these settings). The cost: up to 512 MiB of freed heap per process stays with it for
+reuse; peak memory is unchanged. Left alone with `REAGENT_LITE_KEEP_FREED_MEMORY=0`, when an
+allocator is preloaded (`LD_PRELOAD` naming a malloc), when the user set glibc's
+threshold tunables (`MALLOC_MMAP_THRESHOLD_`, `MALLOC_TRIM_THRESHOLD_`, `MALLOC_TOP_PAD_`,
+`MALLOC_MMAP_MAX_`, or `glibc.malloc.*` in `GLIBC_TUNABLES`), and outside glibc.
 """
 
 from __future__ import annotations
@@ -33,12 +40,12 @@ M_MMAP_THRESHOLD = -3
 MMAP_THRESHOLD = 32 * 2**20
 TRIM_THRESHOLD = 512 * 2**20
 
-_USER_TUNABLES = (
+OPT_OUT = "REAGENT_LITE_KEEP_FREED_MEMORY"
+_THRESHOLD_VARS = (
     "MALLOC_MMAP_THRESHOLD_",
     "MALLOC_TRIM_THRESHOLD_",
     "MALLOC_TOP_PAD_",
     "MALLOC_MMAP_MAX_",
-    "GLIBC_TUNABLES",
 )
 
 _applied: str | None = None
@@ -52,15 +59,27 @@ def keep_freed_memory() -> str:
     return _applied
 
 
+def _user_choice() -> str:
+    """Why the user's environment says to leave malloc alone, or ''."""
+    if os.environ.get(OPT_OUT, "").strip().lower() in ("0", "false", "no", "off"):
+        return f"{OPT_OUT}={os.environ[OPT_OUT]}"
+    preloaded = [lib for lib in os.environ.get("LD_PRELOAD", "").split() if "malloc" in lib]
+    if preloaded:
+        return f"preloaded allocator {' '.join(preloaded)}"
+    chosen = [name for name in _THRESHOLD_VARS if name in os.environ]
+    if "glibc.malloc." in os.environ.get("GLIBC_TUNABLES", ""):
+        chosen.append("GLIBC_TUNABLES glibc.malloc.*")
+    if chosen:
+        return f"the user's malloc settings ({', '.join(chosen)})"
+    return ""
+
+
 def _apply() -> str:
     if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
         return "left to the C library (not glibc)"
-    preload = os.environ.get("LD_PRELOAD", "")
-    if preload:
-        return f"left to LD_PRELOAD ({preload})"
-    chosen = [name for name in _USER_TUNABLES if name in os.environ]
-    if chosen:
-        return f"left to the user's malloc settings ({', '.join(chosen)})"
+    why = _user_choice()
+    if why:
+        return f"left to {why}"
     try:
         mallopt = ctypes.CDLL(None).mallopt
     except (OSError, AttributeError):
@@ -68,11 +87,11 @@ def _apply() -> str:
     mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
     mallopt.restype = ctypes.c_int
     # Either call switches off glibc's dynamic thresholds: set both.
-    if not (
-        mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD) and mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD)
-    ):
-        return "left alone (mallopt refused)"
+    if not mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD):
+        return "left alone (mallopt refused the mmap threshold)"
+    if not mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD):
+        return f"mmap threshold {MMAP_THRESHOLD >> 20} MiB; trim threshold refused"
     return (
         f"freed blocks kept for reuse (glibc mmap threshold {MMAP_THRESHOLD >> 20} MiB, "
-        f"trim threshold {TRIM_THRESHOLD >> 20} MiB)"
+        f"trim threshold {TRIM_THRESHOLD >> 20} MiB; {OPT_OUT}=0 leaves malloc alone)"
     )

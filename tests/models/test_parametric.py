@@ -45,3 +45,21 @@ def test_exports_with_dynamic_batch_and_candidates() -> None:
     )
     state, actions = torch.randn(7, 5), torch.randn(7, 2, 3)
     torch.testing.assert_close(prog.module()(state, actions), net(state, actions))
+
+
+def test_candidates_shared_by_all_states_and_vmap() -> None:
+    """One candidate set [1, K, G] for every state broadcasts, and so does a vmap over an
+    extra leading dimension of the states only (the in-place sum of the first layer must
+    step aside for both)."""
+    torch.manual_seed(1)
+    net = ParametricQNetwork(5, 3)
+    state, shared = torch.randn(4, 5), torch.randn(1, 6, 3)
+    with torch.no_grad():
+        got = net(state, shared)
+        want = net(state, shared.expand(4, -1, -1).contiguous())
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+        states = torch.randn(3, 4, 5)
+        actions = torch.randn(4, 6, 3)
+        mapped = torch.func.vmap(net, in_dims=(0, None))(states, actions)
+        looped = torch.stack([net(s, actions) for s in states])
+    torch.testing.assert_close(mapped, looped, rtol=1e-5, atol=1e-6)

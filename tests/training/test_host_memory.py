@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+import logging
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -14,7 +16,7 @@ from tests.conftest import REPO_ROOT
 # Two grad-free parametric forwards (the target side of a parametric step: [16384, 256]
 # activations, 16 MiB each), repeated; page faults per repetition after a warm-up.
 _FAULTS = """
-import json, resource, sys
+import json, resource, statistics, sys
 import torch
 from reagent_lite.models.parametric import ParametricQNetwork
 from reagent_lite.training.host_memory import keep_freed_memory
@@ -28,10 +30,13 @@ def step():
         net(s, a)
 for _ in range(3):
     step()
-before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-for _ in range(5):
+faults = []
+for _ in range(9):
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
     step()
-print(json.dumps([how, (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before) / 5]))
+    faults.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
+# The median repetition: the heap may still grow once (new pages, faulted once) when kept.
+print(json.dumps([how, statistics.median(faults)]))
 """
 
 
@@ -56,30 +61,127 @@ def test_kept_pages_are_not_faulted_in_again_each_step() -> None:
 
     env = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_") and k != "LD_PRELOAD"}
     env.pop("GLIBC_TUNABLES", None)
+    env.pop(host_memory.OPT_OUT, None)
     how, kept = _faults("keep", env)
     if not how.startswith("freed blocks kept"):
-        pytest.skip(f"not glibc here: {how}")
-    _, default = _faults("default", env)
-    if default < 500:
+        pytest.skip(f"malloc left alone here: {how}")
+    # Whether glibc's defaults trim here varies run to run (heap layout): up to 3 tries.
+    default = 0.0
+    for _ in range(3):
+        default = max(default, _faults("default", env)[1])
+        if default >= 1000:
+            break
+    if default < 1000:
         pytest.skip(f"this glibc keeps these pages by itself ({default:.0f} faults a step)")
-    # 2 × 16 MiB activations are ≈ 8,000 pages: with the defaults, measured ≈ 2,450 faults
-    # a repetition here; kept, none.
-    assert kept < default / 20, (kept, default)
+    # Two forwards' [16384, 256] activations are 4,096 pages each: with glibc's defaults the
+    # median repetition faulted ≈ 4,100 pages in about two runs of three here (0 in the
+    # others); kept, none in every run.
+    assert kept < 100, (kept, default)
 
 
-def test_user_choices_are_left_alone(monkeypatch: pytest.MonkeyPatch) -> None:
-    called: list[object] = []
-    monkeypatch.setattr(host_memory.ctypes, "CDLL", lambda *a: called.append(a))
+class _FakeLibc:
+    """Stands in for `ctypes.CDLL(None)` so the env rules are tested without touching this
+    process's malloc."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[int, int]] = []
+        lib = self
+
+        class Mallopt:
+            argtypes: object = None
+            restype: object = None
+
+            def __call__(self, param: int, value: int) -> int:
+                lib.calls.append((param, value))
+                return 1
+
+        self.mallopt = Mallopt()
+
+
+@pytest.fixture
+def fake_glibc(monkeypatch: pytest.MonkeyPatch) -> _FakeLibc:
+    libc = _FakeLibc()
+    monkeypatch.setattr(host_memory.ctypes, "CDLL", lambda *a: libc)
     monkeypatch.setattr(host_memory.platform, "system", lambda: "Linux")
     monkeypatch.setattr(host_memory.platform, "libc_ver", lambda: ("glibc", "2.36"))
-    for name, value in (("MALLOC_TRIM_THRESHOLD_", "1"), ("GLIBC_TUNABLES", "glibc.malloc.x=1")):
-        monkeypatch.setenv(name, value)
-        assert "user's malloc settings" in host_memory._apply()
-        assert name in host_memory._apply()
-        monkeypatch.delenv(name)
-    monkeypatch.setenv("LD_PRELOAD", "/usr/lib/libjemalloc.so.2")
-    assert host_memory._apply() == "left to LD_PRELOAD (/usr/lib/libjemalloc.so.2)"
-    monkeypatch.delenv("LD_PRELOAD")
+    for name in (*host_memory._THRESHOLD_VARS, "GLIBC_TUNABLES", "LD_PRELOAD", host_memory.OPT_OUT):
+        monkeypatch.delenv(name, raising=False)
+    return libc
+
+
+def test_both_thresholds_are_set(fake_glibc: _FakeLibc) -> None:
+    assert host_memory._apply().startswith("freed blocks kept for reuse")
+    assert fake_glibc.calls == [
+        (host_memory.M_MMAP_THRESHOLD, 32 * 2**20),
+        (host_memory.M_TRIM_THRESHOLD, 512 * 2**20),
+    ]
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "why"),
+    [
+        ("MALLOC_TRIM_THRESHOLD_", "1", "the user's malloc settings (MALLOC_TRIM_THRESHOLD_)"),
+        (
+            "GLIBC_TUNABLES",
+            "glibc.malloc.trim_threshold=1",
+            "the user's malloc settings (GLIBC_TUNABLES glibc.malloc.*)",
+        ),
+        (
+            "LD_PRELOAD",
+            "/usr/lib/libjemalloc.so.2",
+            "preloaded allocator /usr/lib/libjemalloc.so.2",
+        ),
+        ("REAGENT_LITE_KEEP_FREED_MEMORY", "0", "REAGENT_LITE_KEEP_FREED_MEMORY=0"),
+    ],
+)
+def test_user_choices_are_left_alone(
+    fake_glibc: _FakeLibc, monkeypatch: pytest.MonkeyPatch, name: str, value: str, why: str
+) -> None:
+    monkeypatch.setenv(name, value)
+    assert host_memory._apply() == f"left to {why}"
+    assert fake_glibc.calls == []
+
+
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [("GLIBC_TUNABLES", "glibc.pthread.rseq=0"), ("LD_PRELOAD", "libeatmydata.so")],
+)
+def test_unrelated_settings_do_not_turn_it_off(
+    fake_glibc: _FakeLibc, monkeypatch: pytest.MonkeyPatch, name: str, value: str
+) -> None:
+    monkeypatch.setenv(name, value)
+    assert host_memory._apply().startswith("freed blocks kept for reuse")
+    assert len(fake_glibc.calls) == 2
+
+
+def test_other_c_libraries_are_left_alone(
+    fake_glibc: _FakeLibc, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setattr(host_memory.platform, "libc_ver", lambda: ("", ""))
     assert host_memory._apply() == "left to the C library (not glibc)"
-    assert called == []  # mallopt was never looked up
+    assert fake_glibc.calls == []
+
+
+def test_a_cpu_workflow_sets_it_up(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    from reagent_lite.config.models import DQNWorkflowConfig
+    from reagent_lite.distributed.context import DistContext
+    from reagent_lite.training.loop import Workflow
+    from tests.data.test_ingest import ACTIONS, rows, write
+
+    data = write(tmp_path / "t.parquet", rows(200), 100)
+    cfg = DQNWorkflowConfig(
+        training_data_path=str(data),
+        model_output_path=str(tmp_path / "out"),
+        actions=ACTIONS,
+        epochs=1,
+        training={"layers": [-1, 8, -1], "activations": ["relu", "linear"], "minibatch_size": 32},
+        evaluation={"calc_cpe_in_training": False},
+    )
+    wf = Workflow("dqn", cfg, DistContext.single("cpu"))
+    with caplog.at_level(logging.INFO, logger="reagent_lite"):
+        try:
+            wf.setup()
+        finally:
+            wf.cleanup()
+    said = [r.getMessage() for r in caplog.records if r.getMessage().startswith("host memory: ")]
+    assert said == [f"host memory: {host_memory._applied}"]
