@@ -10,8 +10,7 @@ recommend jemalloc / tcmalloc for this; the same effect from glibc itself is two
 settings:
 
 * `M_MMAP_THRESHOLD` = 32 MiB (glibc's upper limit on 64-bit systems): blocks below come
-  from the heap,
-  where they can be reused, rather than from fresh `mmap`s;
+  from the heap, where they can be reused, rather than from fresh `mmap`s;
 * `M_TRIM_THRESHOLD` = 512 MiB: free memory at the heap's top is returned to the kernel
   only beyond that much.
 
@@ -22,10 +21,11 @@ such runs preload jemalloc or tcmalloc (`LD_PRELOAD`), which this then leaves al
 Set once per process, when a CPU run's training is set up (after the shard is loaded, so
 ingest's transient peaks are still returned; disk-streamed windows keep loading later,
 under these settings). The cost: up to 512 MiB of freed heap per malloc arena (in practice
-the main one) stays with the process for reuse; peak memory is unchanged. Left alone with `REAGENT_LITE_KEEP_FREED_MEMORY=0`, when an
-allocator is preloaded (`LD_PRELOAD` naming a malloc), when the user set glibc's
-threshold tunables (`MALLOC_MMAP_THRESHOLD_`, `MALLOC_TRIM_THRESHOLD_`, `MALLOC_TOP_PAD_`,
-`MALLOC_MMAP_MAX_`, or `glibc.malloc.*` in `GLIBC_TUNABLES`), and outside glibc.
+the main one) stays with the process for reuse; peak memory is unchanged. Left alone with
+`REAGENT_LITE_KEEP_FREED_MEMORY=0`, when an allocator is preloaded (`LD_PRELOAD` naming a
+malloc), when the user set glibc's threshold tunables (`MALLOC_MMAP_THRESHOLD_`,
+`MALLOC_TRIM_THRESHOLD_`, `MALLOC_TOP_PAD_`, `MALLOC_MMAP_MAX_`, or `glibc.malloc.*` in
+`GLIBC_TUNABLES`), and outside glibc.
 """
 
 from __future__ import annotations

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -53,8 +55,6 @@ print(json.dumps([how, statistics.median(faults) * resource.getpagesize()]))
 
 
 def _faulted_bytes(mode: str) -> tuple[str, float]:
-    import os
-
     env = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_")}
     for name in ("LD_PRELOAD", "GLIBC_TUNABLES", "THP_MEM_ALLOC_ENABLE", host_memory.OPT_OUT):
         env.pop(name, None)
@@ -90,39 +90,30 @@ def test_kept_pages_are_not_faulted_in_again_each_step() -> None:
     assert defaults < 1 * mib, defaults
 
 
-class _FakeLibc:
-    """Stands in for `ctypes.CDLL(None)` so the env rules are tested without touching this
-    process's malloc."""
-
-    def __init__(self) -> None:
-        self.calls: list[tuple[int, int]] = []
-        lib = self
-
-        class Mallopt:
-            argtypes: object = None
-            restype: object = None
-
-            def __call__(self, param: int, value: int) -> int:
-                lib.calls.append((param, value))
-                return 1
-
-        self.mallopt = Mallopt()
+Calls = list[tuple[int, int]]
 
 
 @pytest.fixture
-def fake_glibc(monkeypatch: pytest.MonkeyPatch) -> _FakeLibc:
-    libc = _FakeLibc()
-    monkeypatch.setattr(host_memory.ctypes, "CDLL", lambda *a: libc)
+def fake_glibc(monkeypatch: pytest.MonkeyPatch) -> Calls:
+    """A stand-in for `ctypes.CDLL(None)` (so the env rules are tested without touching this
+    process's malloc) on "Linux with glibc"; returns the `mallopt` calls made."""
+    calls: Calls = []
+
+    def mallopt(param: int, value: int) -> int:
+        calls.append((param, value))
+        return 1
+
+    monkeypatch.setattr(host_memory.ctypes, "CDLL", lambda *a: SimpleNamespace(mallopt=mallopt))
     monkeypatch.setattr(host_memory.platform, "system", lambda: "Linux")
     monkeypatch.setattr(host_memory.platform, "libc_ver", lambda: ("glibc", "2.36"))
     for name in (*host_memory._THRESHOLD_VARS, "GLIBC_TUNABLES", "LD_PRELOAD", host_memory.OPT_OUT):
         monkeypatch.delenv(name, raising=False)
-    return libc
+    return calls
 
 
-def test_both_thresholds_are_set(fake_glibc: _FakeLibc) -> None:
+def test_both_thresholds_are_set(fake_glibc: Calls) -> None:
     assert host_memory._apply().startswith("freed blocks kept for reuse")
-    assert fake_glibc.calls == [
+    assert fake_glibc == [
         (host_memory.M_MMAP_THRESHOLD, 32 * 2**20),
         (host_memory.M_TRIM_THRESHOLD, 512 * 2**20),
     ]
@@ -146,11 +137,11 @@ def test_both_thresholds_are_set(fake_glibc: _FakeLibc) -> None:
     ],
 )
 def test_user_choices_are_left_alone(
-    fake_glibc: _FakeLibc, monkeypatch: pytest.MonkeyPatch, name: str, value: str, why: str
+    fake_glibc: Calls, monkeypatch: pytest.MonkeyPatch, name: str, value: str, why: str
 ) -> None:
     monkeypatch.setenv(name, value)
     assert host_memory._apply() == f"left to {why}"
-    assert fake_glibc.calls == []
+    assert fake_glibc == []
 
 
 @pytest.mark.parametrize(
@@ -158,19 +149,19 @@ def test_user_choices_are_left_alone(
     [("GLIBC_TUNABLES", "glibc.pthread.rseq=0"), ("LD_PRELOAD", "libeatmydata.so")],
 )
 def test_unrelated_settings_do_not_turn_it_off(
-    fake_glibc: _FakeLibc, monkeypatch: pytest.MonkeyPatch, name: str, value: str
+    fake_glibc: Calls, monkeypatch: pytest.MonkeyPatch, name: str, value: str
 ) -> None:
     monkeypatch.setenv(name, value)
     assert host_memory._apply().startswith("freed blocks kept for reuse")
-    assert len(fake_glibc.calls) == 2
+    assert len(fake_glibc) == 2
 
 
 def test_other_c_libraries_are_left_alone(
-    fake_glibc: _FakeLibc, monkeypatch: pytest.MonkeyPatch
+    fake_glibc: Calls, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(host_memory.platform, "libc_ver", lambda: ("", ""))
     assert host_memory._apply() == "left to the C library (not glibc)"
-    assert fake_glibc.calls == []
+    assert fake_glibc == []
 
 
 def test_a_cpu_workflow_sets_it_up(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
