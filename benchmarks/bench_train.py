@@ -3,8 +3,11 @@
 The reference task of issue 7: Double DQN, MLP 256×256, CartPole (4 features, 2 actions,
 ~110k logged transitions from `reagent_lite.samples`), Adam, soft target updates. Every
 contender trains on the same normalized tensors; the contenders run interleaved, round
-after round, and the median of the rounds is reported (a shared machine is noisy: compare
-the ratios, which come from the same minutes).
+after round, each round starting one contender further along, and the median of the rounds
+is reported (a shared machine is noisy: compare the ratios, which come from the same
+minutes). Each timed block follows `WARMUP_STEPS`
+untimed steps of the same contender; d3rlpy's steps are timed inside `fit`, without the
+set-up of each `fit` call.
 
 * `ours`: a real `Workflow` set up from a config, stepped by `Workflow.step_runner()` — the
   object and calls `Workflow.train()` runs (CPE side models off, and `ours+cpe` with them;
@@ -14,6 +17,7 @@ the ratios, which come from the same minutes).
   rows gathered by index from a per-epoch permutation (`bare-graph` on CUDA: that step in
   one CUDA graph).
 * `d3rlpy`: `DoubleDQN.fit` on the same transitions (when d3rlpy is installed).
+* `products` (CPU, dqn): the step's five large matrix products alone, the arithmetic floor.
 
     python -m benchmarks.bench_train --device cpu --batch 1024
     python -m benchmarks.bench_train --device cuda --batch 8192 --no-d3rlpy
@@ -46,6 +50,10 @@ from reagent_lite.training.loop import Workflow
 from reagent_lite.training.tensordict import TensorDict
 
 GAMMA, TAU, LR = 0.99, 0.01, 1e-3
+# Untimed steps before each contender's timed block. The contenders take turns, and the
+# first steps after another one ran pay for its leftovers (caches, sleeping OpenMP
+# threads): ≈ 5% of the figure of whichever contender came first in a round, measured.
+WARMUP_STEPS = 3
 
 
 # ---------------------------------------------------------------------------- data
@@ -139,7 +147,10 @@ def _time_ours(wf: Workflow, steps: int, epoch: int) -> float:
     runner = wf.step_runner()
     torch.manual_seed(epoch)
     runner.begin_epoch(epoch)  # (first call on CUDA: captures the graph, untimed)
-    n = min(steps, wf.steps_per_epoch)
+    warm = min(WARMUP_STEPS, wf.steps_per_epoch - 1)
+    for _ in range(warm):
+        runner.step()
+    n = min(steps, wf.steps_per_epoch - warm)
     sync(wf.device)
     t0 = time.perf_counter()
     for _ in range(n):
@@ -235,11 +246,44 @@ class Bare:
         self.k += 1
 
     def time(self, steps: int) -> float:
+        for _ in range(WARMUP_STEPS):
+            self.step()
         sync(self.device)
         t0 = time.perf_counter()
         for _ in range(steps):
             self.step()
         sync(self.device)
+        return steps * self.batch / (time.perf_counter() - t0)
+
+
+class Products:
+    """The step's large products and nothing else (CPU, dqn): the three forwards' hidden
+    256×256 layer (online on s and s', target on s'), its input and weight gradients, each
+    on the library our step uses (`models.fused`). No fp32 implementation of the reference
+    step beats this on the machine; `ours / products` is how close ours gets to it and
+    `products / d3rlpy` the highest ratio to d3rlpy the arithmetic allows."""
+
+    def __init__(self, batch: int, hidden: int = 256):
+        g = torch.Generator().manual_seed(0)
+        self.h = torch.randn(batch, hidden, generator=g).relu_()
+        self.w = torch.randn(hidden, hidden, generator=g) / hidden**0.5
+        self.b = torch.zeros(hidden)
+        self.batch = batch
+
+    @torch.no_grad()
+    def step(self) -> None:
+        h, w, b = self.h, self.w, self.b
+        for _ in range(3):
+            fused.layers_forward(h, [w], [b], [True])
+        fused._mm_weight(h, w)  # input gradient g·W (g: a [B, H] gradient)
+        torch.mm(h.t(), h)  # weight gradient gᵀ·h, MKL's orientation as in ours
+
+    def time(self, steps: int) -> float:
+        for _ in range(WARMUP_STEPS):
+            self.step()
+        t0 = time.perf_counter()
+        for _ in range(steps):
+            self.step()
         return steps * self.batch / (time.perf_counter() - t0)
 
 
@@ -274,12 +318,20 @@ def d3rlpy_runner(data: TensorDict, batch: int, device: str) -> Callable[[int], 
     algo.build_with_dataset(dataset)
 
     def run(steps: int) -> float:
-        t0 = time.perf_counter()
+        # Timed from the end of its WARMUP_STEPS-th step to the end of the last one, by
+        # `fit`'s per-step callback: the steps (sampling, update, its bookkeeping), not the
+        # set-up `fit` does on each call (≈ 8% of a 75-step call here).
+        marks: dict[int, float] = {}
+
+        def mark(_algo: Any, _epoch: int, total_step: int) -> None:
+            marks[total_step] = time.perf_counter()
+
+        n = WARMUP_STEPS + steps
         algo.fit(
-            dataset, n_steps=steps, n_steps_per_epoch=steps, show_progress=False,
-            logger_adapter=NoopAdapterFactory(), save_interval=10**9,
+            dataset, n_steps=n, n_steps_per_epoch=n, show_progress=False,
+            logger_adapter=NoopAdapterFactory(), save_interval=10**9, callback=mark,
         )  # fmt: skip
-        return steps * batch / (time.perf_counter() - t0)
+        return steps * batch / (marks[n] - marks[WARMUP_STEPS])
 
     return run
 
@@ -347,23 +399,30 @@ def main(argv: list[str] | None = None) -> None:
         for g in graphs:
             bare = Bare(resident, args.batch, kind != "dqn", graph=g)
             contenders[f"{tag}bare{'-graph' if g else ''}"] = lambda n, e, b=bare: b.time(n)
+        if kind == "dqn" and dev.type == "cpu":
+            products = Products(args.batch)
+            contenders["products"] = lambda n, e, p=products: p.time(n)
         if kind == "dqn" and not args.no_d3rlpy:
             run = d3rlpy_runner(resident, args.batch, args.device)
             if run is None:
                 print("d3rlpy not installed: skipped (pip install -e '.[bench]')")
             else:
                 contenders["d3rlpy"] = lambda n, e, run=run: run(max(20, n // 2))
+    names = list(contenders)
     for r in range(args.rounds):
-        for name, fn in contenders.items():
-            results.setdefault(name, []).append(fn(steps, r + 1))
-        print(f"round {r + 1}: " + ", ".join(f"{k} {v[-1] / 1e3:.0f}k" for k, v in results.items()),
+        # Each round starts one contender further along: whoever runs right after another
+        # pays for its leftovers, so every contender takes every place in turn.
+        k = r % len(names)
+        for name in names[k:] + names[:k]:
+            results.setdefault(name, []).append(contenders[name](steps, r + 1))
+        print(f"round {r + 1}: " + ", ".join(f"{n} {results[n][-1] / 1e3:.0f}k" for n in names),
               flush=True)  # fmt: skip
-    med = {k: statistics.median(v) for k, v in results.items()}
+    med = {n: statistics.median(results[n]) for n in names}
     print(f"\nbatch {args.batch}, {args.device}, median of {args.rounds} rounds, load "
           f"{os.getloadavg()}")  # fmt: skip
     for k, v in med.items():
         print(f"  {k:28s} {v:14,.0f} transitions/s")
-    pairs = [("ours", "bare"), ("ours", "d3rlpy"), ("ours-onednn", "ours-mkl"), ("ours+cpe", "ours"),
+    pairs = [("ours", "bare"), ("ours", "d3rlpy"), ("ours", "products"), ("products", "d3rlpy"), ("ours-onednn", "ours-mkl"), ("ours+cpe", "ours"),
              ("ours-graph", "bare-graph"), ("ours-graph+cpe", "ours-graph"),
              ("ours-graph-streamed", "ours-graph"), ("ours-streamed", "ours"),
              ("param:ours", "param:bare"), ("param:ours-graph", "param:bare-graph"),
