@@ -18,7 +18,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from reagent_lite.trainers.common import SoftUpdate
+from reagent_lite.models.fused import fusable_here, layers_backward, layers_forward
+from reagent_lite.models.mlp import MLP
+from reagent_lite.trainers.common import SoftUpdate, adam, load_optimizer_state
+from reagent_lite.trainers.optim_step import OptimizerStep
 from reagent_lite.training.tensordict import TensorDict
 
 _NEG = -1e9
@@ -75,10 +78,14 @@ class CpeModelTrainer:
         self.temperature = temperature
         self.tau = target_update_rate
         self.use_time_diff = use_time_diff
-        self.optimizer = torch.optim.Adam(nets.parameters(), lr=learning_rate)
+        self.optimizer = adam(nets.parameters(), learning_rate)
+        self._optimizer_step = OptimizerStep(self.optimizer)
+        self._params = list(nets.parameters())
         # As `QLearningTrainer.grad_sync`: averages gradients over ranks between backward
         # and step when no DDP wrapper does it.
         self.grad_sync: Callable[[], None] | None = None
+        # The CPU step without autograd (`_fused_backward`); a switch for tests.
+        self.fused_step = True
 
     def _raw(self) -> CpeNets:
         raw = getattr(self.nets, "module", self.nets)
@@ -94,22 +101,72 @@ class CpeModelTrainer:
             v_next = (pi_next * kind.q_all(self.target_value, batch, next_state=True)).sum(-1)
             discount = torch.pow(self.gamma, batch.time_diff) if self.use_time_diff else self.gamma
             target = batch.reward + (1.0 - batch.terminal) * discount * v_next
-        r_hat, q_hat = self.nets(batch, kind)
+        for p in self._params:  # = optimizer.zero_grad(set_to_none=True), minus its wrapper
+            p.grad = None
         idx = kind.logged_index(batch)
         valid = (idx >= 0).to(batch.reward.dtype)
         denom = valid.sum().clamp_min(1.0)
-        reward_loss = ((gather_logged(r_hat, idx) - batch.reward) ** 2 * valid).sum() / denom
-        value_loss = (
-            F.smooth_l1_loss(gather_logged(q_hat, idx), target, reduction="none") * valid
-        ).sum() / denom
-        loss = reward_loss + value_loss
-        self.optimizer.zero_grad(set_to_none=True)
-        loss.backward()
+        loss = self._fused_backward(batch, target, idx, valid, denom)
+        if loss is None:
+            r_hat, q_hat = self.nets(batch, kind)
+            reward_loss = ((gather_logged(r_hat, idx) - batch.reward) ** 2 * valid).sum() / denom
+            value_loss = (
+                F.smooth_l1_loss(gather_logged(q_hat, idx), target, reduction="none") * valid
+            ).sum() / denom
+            loss = reward_loss + value_loss
+            loss.backward()
         if self.grad_sync is not None:
             self.grad_sync()
-        self.optimizer.step()
+        self._optimizer_step()
         self._soft_update(self.tau)
         return loss.detach()
+
+    def _fused_backward(
+        self, batch: TensorDict, target: Tensor, idx: Tensor, valid: Tensor, denom: Tensor
+    ) -> Tensor | None:
+        """Both losses and their gradients without autograd, as `DQNTrainer._fused_backward`
+        does for the Q-network: for discrete actions, plain ReLU MLPs on CPU tensors and no
+        wrapper (DDP's reducer works through autograd). The gradient with respect to the
+        logged action's output is formed directly — 2(r̂ − r) for the squared error,
+        clamp(q̂ − target, −1, 1) for the smooth L1 (β = 1), times valid / denom — and
+        `models.fused.layers_backward` takes it through each net. None: take the
+        autograd path. Same maths (tests/evaluation/test_cpe_models.py)."""
+        raw = self.nets
+        if not (self.fused_step and isinstance(raw, CpeNets) and self.kind.name == "dqn"):
+            return None
+        if not fusable_here(batch.state):
+            return None
+        layers = []
+        for net in (raw.reward_net, raw.value_net):
+            found = net.relu_layers() if isinstance(net, MLP) else None
+            if found is None or net._forward_hooks or net._forward_pre_hooks:
+                return None
+            if not all(p.requires_grad for p in (*found[0], *found[1])):
+                return None
+            layers.append(found)
+        logged = idx.clamp_min(0).unsqueeze(1)
+        scale = valid / denom
+        total = torch.zeros((), dtype=target.dtype)
+        with torch.no_grad():
+            for (weights, biases, relu), wanted, smooth in zip(
+                layers, (batch.reward, target), (False, True), strict=True
+            ):
+                outs = layers_forward(batch.state, weights, biases, relu)
+                diff = gather_logged(outs[-1], idx) - wanted
+                if smooth:
+                    adiff = diff.abs()
+                    per_row = torch.where(adiff < 1.0, 0.5 * diff * diff, adiff - 0.5)
+                    d_out = diff.clamp(-1.0, 1.0)
+                else:
+                    per_row = diff * diff
+                    d_out = 2.0 * diff
+                total = total + (per_row * valid).sum() / denom
+                grad = torch.zeros_like(outs[-1]).scatter_(1, logged, (d_out * scale).unsqueeze(1))
+                grads, _ = layers_backward(outs, weights, relu, grad, grad_owned=True)
+                params = [t for pair in zip(weights, biases, strict=True) for t in pair]
+                for p, g in zip(params, grads, strict=True):
+                    p.grad = g if g.is_contiguous() else g.contiguous()
+        return total
 
     def state_dict(self) -> dict[str, Any]:
         return {
@@ -121,5 +178,5 @@ class CpeModelTrainer:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self._raw().load_state_dict(state["nets"])
         self.target_value.load_state_dict(state["target_value"])
-        self.optimizer.load_state_dict(state["optimizer"])
+        load_optimizer_state(self.optimizer, state["optimizer"])
         self._soft_update.refresh()
