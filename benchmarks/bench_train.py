@@ -3,11 +3,10 @@
 The reference task of issue 7: Double DQN, MLP 256×256, CartPole (4 features, 2 actions,
 ~110k logged transitions from `reagent_lite.samples`), Adam, soft target updates. Every
 contender trains on the same normalized tensors; the contenders run interleaved, round
-after round, each round starting one contender further along, and the median of the rounds
-is reported (a shared machine is noisy: compare the ratios, which come from the same
-minutes). Each timed block follows `WARMUP_STEPS`
-untimed steps of the same contender; d3rlpy's steps are timed inside `fit`, without the
-set-up of each `fit` call.
+after round, each round in its own seeded random order, and the median of the rounds is
+reported (a shared machine is noisy: compare the ratios, which come from the same
+minutes). Each timed block follows `WARMUP_STEPS` untimed steps of the same contender;
+d3rlpy's steps are timed inside `fit`, without the set-up of each `fit` call.
 
 * `ours`: a real `Workflow` set up from a config, stepped by `Workflow.step_runner()` — the
   object and calls `Workflow.train()` runs (CPE side models off, and `ours+cpe` with them;
@@ -31,6 +30,7 @@ import argparse
 import copy
 import json
 import os
+import random
 import statistics
 import sys
 import tempfile
@@ -410,10 +410,10 @@ def main(argv: list[str] | None = None) -> None:
                 contenders["d3rlpy"] = lambda n, e, run=run: run(max(20, n // 2))
     names = list(contenders)
     for r in range(args.rounds):
-        # Each round starts one contender further along: whoever runs right after another
-        # pays for its leftovers, so every contender takes every place in turn.
-        k = r % len(names)
-        for name in names[k:] + names[:k]:
+        # Each round in its own (seeded) order: whoever runs right after another pays for
+        # its leftovers, so no contender may always follow the same one.
+        order = random.Random(r).sample(names, len(names))
+        for name in order:
             results.setdefault(name, []).append(contenders[name](steps, r + 1))
         print(f"round {r + 1}: " + ", ".join(f"{n} {results[n][-1] / 1e3:.0f}k" for n in names),
               flush=True)  # fmt: skip

@@ -134,6 +134,8 @@ class CpeModelTrainer:
         raw = self.nets
         if not (self.fused_step and isinstance(raw, CpeNets) and self.kind.name == "dqn"):
             return None
+        if raw._forward_hooks or raw._forward_pre_hooks:
+            return None  # (hooks on the pair expect its forward to run)
         if not fusable_here(batch.state):
             return None
         layers = []
@@ -161,7 +163,9 @@ class CpeModelTrainer:
                     per_row = diff * diff
                     d_out = 2.0 * diff
                 total = total + (per_row * valid).sum() / denom
-                grad = torch.zeros_like(outs[-1]).scatter_(1, logged, (d_out * scale).unsqueeze(1))
+                # Rows without a logged action get exactly 0 (even where wanted is not finite).
+                d_out = torch.where(valid > 0, d_out * scale, 0.0)
+                grad = torch.zeros_like(outs[-1]).scatter_(1, logged, d_out.unsqueeze(1))
                 grads, _ = layers_backward(outs, weights, relu, grad, grad_owned=True)
                 params = [t for pair in zip(weights, biases, strict=True) for t in pair]
                 for p, g in zip(params, grads, strict=True):

@@ -143,11 +143,21 @@ def adam(
 def load_optimizer_state(optimizer: torch.optim.Optimizer, state: Mapping[str, Any]) -> None:
     """`optimizer.load_state_dict(state)`, keeping this run's kernel choice: a checkpoint's
     groups carry the choice of the run that wrote it (e.g. not fused, from before CPU Adam
-    was fused, or written on another device)."""
+    was fused, or on another device). torch places a loaded step counter by the *saved*
+    group's choice (on the parameter's device, float32, only for a fused or capturable
+    one), so for a group fused here the counters are placed as the fused kernel needs."""
     kernels = [{k: g.get(k) for k in ("fused", "foreach")} for g in optimizer.param_groups]
     optimizer.load_state_dict(state)  # type: ignore[arg-type]
     for group, chosen in zip(optimizer.param_groups, kernels, strict=True):
         group.update(chosen)
+        if not (group.get("fused") or group.get("capturable")):
+            continue
+        for p in group["params"]:
+            step = optimizer.state.get(p, {}).get("step")
+            if isinstance(step, torch.Tensor) and (
+                step.device != p.device or step.dtype != torch.float32
+            ):
+                optimizer.state[p]["step"] = step.to(device=p.device, dtype=torch.float32)
 
 
 def build_optimizer(params: Iterable[nn.Parameter], hp: DQNHyperParams) -> torch.optim.Optimizer:

@@ -76,7 +76,10 @@ def assert_same(a: CpeModelTrainer, b: CpeModelTrainer) -> None:
     for x, y in zip(a.target_value.parameters(), b.target_value.parameters(), strict=True):
         torch.testing.assert_close(x, y, rtol=1e-5, atol=1e-6)
     for p, q in zip(a.nets.parameters(), b.nets.parameters(), strict=True):
-        sa, sb = a.optimizer.state[p], b.optimizer.state[q]
+        sa, sb = a.optimizer.state.get(p, {}), b.optimizer.state.get(q, {})
+        assert sa.keys() == sb.keys()
+        if not sa:
+            continue  # a frozen parameter: never stepped
         torch.testing.assert_close(sa["exp_avg"], sb["exp_avg"], rtol=1e-5, atol=1e-7)
         torch.testing.assert_close(sa["exp_avg_sq"], sb["exp_avg_sq"], rtol=1e-5, atol=1e-9)
 
@@ -120,17 +123,46 @@ def test_fused_step_equals_autograd_path(
 
 
 def test_fused_step_steps_aside_where_it_cannot_run(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Tanh layers (not the fused ReLU MLP) and the parametric kind keep autograd: still
-    trained, and `layers_backward` never called."""
+    """Tanh layers (not the fused ReLU MLP), a forward hook on the pair and a frozen layer
+    keep autograd: trained as before, the hook runs, `layers_backward` is never called."""
     calls = []
     real = cpe_models.layers_backward
     monkeypatch.setattr(
         cpe_models, "layers_backward", lambda *a, **k: calls.append(1) or real(*a, **k)
     )
-    fused, plain = pair(["tanh", "tanh", "linear"])
     q_net = net()
-    for step in range(2):
-        data = batch(step)
-        torch.testing.assert_close(fused.train_step(data, q_net), plain.train_step(data, q_net))
-    assert_same(fused, plain)
+
+    def hooked() -> tuple[CpeModelTrainer, CpeModelTrainer]:
+        fused, plain = pair()
+        fused._raw().register_forward_hook(lambda *_: seen.append(1))
+        return fused, plain
+
+    def frozen() -> tuple[CpeModelTrainer, CpeModelTrainer]:
+        fused, plain = pair()
+        for t in (fused, plain):
+            next(t._raw().value_net.parameters()).requires_grad_(False)
+        return fused, plain
+
+    seen: list[int] = []
+    for make in (lambda: pair(["tanh", "tanh", "linear"]), hooked, frozen):
+        fused, plain = make()
+        for step in range(2):
+            data = batch(step)
+            torch.testing.assert_close(fused.train_step(data, q_net), plain.train_step(data, q_net))
+        assert_same(fused, plain)
     assert calls == []
+    assert len(seen) == 2
+
+
+def test_rows_without_a_logged_action_add_nothing_even_with_a_bad_reward() -> None:
+    """A row whose logged action is −1 gets no gradient from either loss, also when its
+    reward is not finite (the fused step must not turn inf · 0 into NaN parameters)."""
+    fused, plain = pair()
+    data = batch(0)
+    data.reward[0] = float("inf")  # row 0 has action −1
+    q_net = net()
+    fused.train_step(data, q_net)
+    plain.train_step(data, q_net)
+    for p in fused.nets.parameters():
+        assert torch.isfinite(p).all()
+    assert_same(fused, plain)
