@@ -162,10 +162,10 @@ def test_state_of_an_unfused_adam_resumes_in_a_fused_one(device: str) -> None:
         assert (step.device, step.dtype) == (p.device, torch.float32)
     for i in range(3, 5):
         for m in (resumed, reference):
-            set_grads(m, i)
+            g = torch.Generator().manual_seed(i)
             for p in m.parameters():
-                p.grad = p.grad.to(device)
+                p.grad = torch.randn(p.shape, generator=g).to(device)
         opt.step()
         ref.step()
     for x, y in zip(resumed.parameters(), reference.parameters(), strict=True):
-        torch.testing.assert_close(x, y, rtol=1e-6, atol=1e-7)
+        torch.testing.assert_close(x, y, rtol=1e-5, atol=1e-6)  # fused vs per-tensor rounding
