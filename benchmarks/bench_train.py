@@ -17,6 +17,8 @@ d3rlpy's steps are timed inside `fit`, without the set-up of each `fit` call.
   one CUDA graph).
 * `d3rlpy`: `DoubleDQN.fit` on the same transitions (when d3rlpy is installed).
 * `products` (CPU, dqn): the step's five large matrix products alone, the arithmetic floor.
+* `ours+cpe-autograd` (CPU, dqn): `ours+cpe` with the CPE side models trained as before their
+  CPU fast path (autograd, per-tensor Adam).
 
     python -m benchmarks.bench_train --device cpu --batch 1024
     python -m benchmarks.bench_train --device cuda --batch 8192 --no-d3rlpy
@@ -157,6 +159,16 @@ def _time_ours(wf: Workflow, steps: int, epoch: int) -> float:
         runner.step()
     sync(wf.device)
     return n * runner.step_rows / (time.perf_counter() - t0)
+
+
+def autograd_cpe(wf: Workflow) -> None:
+    """The workflow's CPE side models trained as before their CPU fast path: through
+    autograd, with a per-tensor Adam (`ours+cpe-autograd`, against `ours+cpe`)."""
+    cpe = wf.cpe
+    assert cpe is not None
+    cpe.fused_step = False
+    cpe.optimizer = torch.optim.Adam(cpe.nets.parameters(), lr=LR)
+    cpe._optimizer_step = cpe.optimizer.step  # type: ignore[assignment]
 
 
 class Bare:
@@ -395,6 +407,12 @@ def main(argv: list[str] | None = None) -> None:
                 wf = workflow(kind, data, Path(tmp.name) / name, args.device, args.batch,
                               cuda_graphs=g, cpe=True)  # fmt: skip
                 contenders[name] = lambda n, e, wf=wf: time_ours(wf, n, e)
+            if dev.type == "cpu" and kind == "dqn":
+                name = f"{tag}ours+cpe-autograd"
+                wf = workflow(kind, data, Path(tmp.name) / name, args.device, args.batch,
+                              cpe=True)  # fmt: skip
+                autograd_cpe(wf)
+                contenders[name] = lambda n, e, wf=wf: time_ours(wf, n, e)
         resident = base.train_data.to(dev)
         for g in graphs:
             bare = Bare(resident, args.batch, kind != "dqn", graph=g)
@@ -422,7 +440,7 @@ def main(argv: list[str] | None = None) -> None:
           f"{os.getloadavg()}")  # fmt: skip
     for k, v in med.items():
         print(f"  {k:28s} {v:14,.0f} transitions/s")
-    pairs = [("ours", "bare"), ("ours", "d3rlpy"), ("ours", "products"), ("products", "d3rlpy"), ("ours-onednn", "ours-mkl"), ("ours+cpe", "ours"),
+    pairs = [("ours", "bare"), ("ours", "d3rlpy"), ("ours", "products"), ("products", "d3rlpy"), ("ours-onednn", "ours-mkl"), ("ours+cpe", "ours"), ("ours+cpe", "ours+cpe-autograd"),
              ("ours-graph", "bare-graph"), ("ours-graph+cpe", "ours-graph"),
              ("ours-graph-streamed", "ours-graph"), ("ours-streamed", "ours"),
              ("param:ours", "param:bare"), ("param:ours-graph", "param:bare-graph"),
