@@ -440,7 +440,8 @@ def main(argv: list[str] | None = None) -> None:
           f"{os.getloadavg()}")  # fmt: skip
     for k, v in med.items():
         print(f"  {k:28s} {v:14,.0f} transitions/s")
-    pairs = [("ours", "bare"), ("ours", "d3rlpy"), ("ours", "products"), ("products", "d3rlpy"), ("ours-onednn", "ours-mkl"), ("ours+cpe", "ours"), ("ours+cpe", "ours+cpe-autograd"),
+    pairs = [("ours", "bare"), ("ours", "d3rlpy"), ("ours", "products"), ("products", "d3rlpy"),
+             ("ours-onednn", "ours-mkl"), ("ours+cpe", "ours"), ("ours+cpe", "ours+cpe-autograd"),
              ("ours-graph", "bare-graph"), ("ours-graph+cpe", "ours-graph"),
              ("ours-graph-streamed", "ours-graph"), ("ours-streamed", "ours"),
              ("param:ours", "param:bare"), ("param:ours-graph", "param:bare-graph"),

@@ -18,7 +18,12 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from reagent_lite.models.fused import fusable_here, layers_backward, layers_forward
+from reagent_lite.models.fused import (
+    accumulate_grads,
+    fusable_here,
+    layers_backward,
+    layers_forward,
+)
 from reagent_lite.models.mlp import MLP
 from reagent_lite.trainers.common import SoftUpdate, adam, load_optimizer_state
 from reagent_lite.trainers.optim_step import OptimizerStep
@@ -140,10 +145,8 @@ class CpeModelTrainer:
             return None
         layers = []
         for net in (raw.reward_net, raw.value_net):
-            found = net.relu_layers() if isinstance(net, MLP) else None
-            if found is None or net._forward_hooks or net._forward_pre_hooks:
-                return None
-            if not all(p.requires_grad for p in (*found[0], *found[1])):
+            found = net.trainable_relu_layers() if isinstance(net, MLP) else None
+            if found is None:
                 return None
             layers.append(found)
         logged = idx.clamp_min(0).unsqueeze(1)
@@ -167,9 +170,7 @@ class CpeModelTrainer:
                 d_out = torch.where(valid > 0, d_out * scale, 0.0)
                 grad = torch.zeros_like(outs[-1]).scatter_(1, logged, d_out.unsqueeze(1))
                 grads, _ = layers_backward(outs, weights, relu, grad, grad_owned=True)
-                params = [t for pair in zip(weights, biases, strict=True) for t in pair]
-                for p, g in zip(params, grads, strict=True):
-                    p.grad = g if g.is_contiguous() else g.contiguous()
+                accumulate_grads(weights, biases, grads)
         return total
 
     def state_dict(self) -> dict[str, Any]:

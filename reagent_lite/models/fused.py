@@ -199,6 +199,19 @@ def layers_backward(
     return grads, grad_x
 
 
+def accumulate_grads(
+    weights: Sequence[Tensor], biases: Sequence[Tensor], grads: Sequence[Tensor]
+) -> None:
+    """Add `layers_backward`'s gradients ([dw_0, db_0, ...]) into the parameters' `.grad`,
+    as autograd's accumulation does (set where there is none yet)."""
+    params = [t for pair in zip(weights, biases, strict=True) for t in pair]
+    for p, g in zip(params, grads, strict=True):
+        if p.grad is None:
+            p.grad = g if g.is_contiguous() else g.contiguous()
+        else:
+            p.grad.add_(g)
+
+
 def fused_mlp(
     x: Tensor,
     weights: Sequence[Tensor],

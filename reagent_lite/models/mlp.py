@@ -128,6 +128,21 @@ class MLP(nn.Module):
         layers: list[nn.Linear] = list(self.linears)  # type: ignore[arg-type]
         return [la.weight for la in layers], [la.bias for la in layers], self._relu
 
+    def trainable_relu_layers(
+        self,
+    ) -> tuple[list[torch.Tensor], list[torch.Tensor], tuple[bool, ...]] | None:
+        """`relu_layers()` when a training step may bypass this module's forward and
+        autograd (`models.fused.layers_forward` / `layers_backward`): no forward hooks (they
+        expect the forward to run) and every parameter trained (autograd would leave a
+        frozen one without gradient); else None."""
+        layers = self.relu_layers()
+        if layers is None or self._forward_hooks or self._forward_pre_hooks:
+            return None
+        weights, biases, _ = layers
+        if not all(p.requires_grad for p in (*weights, *biases)):
+            return None
+        return layers
+
     def _fused(self, x: torch.Tensor, start: int, consume: bool = False) -> torch.Tensor | None:
         """Layers `start:` by the CPU fast path (`models.fused`) when it applies, else None."""
         layers = self.relu_layers()

@@ -13,7 +13,12 @@ import torch
 from torch import nn
 
 from reagent_lite.errors import ConfigError
-from reagent_lite.models.fused import fusable_here, layers_backward, layers_forward
+from reagent_lite.models.fused import (
+    accumulate_grads,
+    fusable_here,
+    layers_backward,
+    layers_forward,
+)
 from reagent_lite.models.mlp import MLP
 from reagent_lite.trainers.common import (
     DQNHyperParams,
@@ -147,15 +152,10 @@ class DQNTrainer(QLearningTrainer[DiscreteBatch]):
         online = self.online
         if not (self.fused_step and isinstance(online, MLP)):
             return None
-        layers = online.relu_layers()
-        if layers is None or online._forward_hooks or online._forward_pre_hooks:
-            return None  # (hooks on the network expect its forward to run)
-        if not fusable_here(batch.state):
+        layers = online.trainable_relu_layers()
+        if layers is None or not fusable_here(batch.state):
             return None
         weights, biases, relu = layers
-        params = [t for pair in zip(weights, biases, strict=True) for t in pair]
-        if not all(p.requires_grad for p in params):
-            return None  # frozen layers: autograd leaves them without gradient
         target = self.compute_target(batch)
         with torch.no_grad():
             outs = layers_forward(batch.state, weights, biases, relu)
@@ -177,9 +177,5 @@ class DQNTrainer(QLearningTrainer[DiscreteBatch]):
                 total = td
                 grad = torch.zeros_like(q_all).scatter_(1, logged, dq.unsqueeze(1))
             param_grads, _ = layers_backward(outs, weights, relu, grad, grad_owned=True)
-            for p, g in zip(params, param_grads, strict=True):
-                if p.grad is None:
-                    p.grad = g if g.is_contiguous() else g.contiguous()
-                else:
-                    p.grad.add_(g)
+            accumulate_grads(weights, biases, param_grads)
         return DQNLoss(td, cql, total, q.mean())
