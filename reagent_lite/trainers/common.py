@@ -186,10 +186,14 @@ def td_loss_and_grad(
     MSE: 2·(q − target)/B. Huber (δ = 1): (q − target) clamped to [−1, 1], over B."""
     diff = q - target
     if kind == "huber":
+        loss = td_loss(q, target, kind)
         grad = diff.clamp_(-1.0, 1.0).mul_(scale / len(q))
     else:
+        # The mean square as one dot product of the difference formed anyway (F.mse_loss
+        # would form it again, behind a Python wrapper that costs more than the sum).
+        loss = torch.dot(diff, diff).mul_(1.0 / len(q))
         grad = diff.mul_(2.0 * scale / len(q))
-    return td_loss(q, target, kind), grad
+    return loss, grad
 
 
 class SoftUpdate:
@@ -232,6 +236,12 @@ def masked_max(values: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, 
     valid = mask > 0
     best, idx = torch.where(valid, values, torch.finfo(values.dtype).min).max(dim=1)
     return torch.where(valid.any(dim=1), best, 0.0), idx
+
+
+def masked_argmax(values: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+    """Row argmax of `values` [B, K] over entries where the boolean `valid` is set (as
+    `masked_max`'s; arbitrary on a row with none)."""
+    return torch.where(valid, values, torch.finfo(values.dtype).min).argmax(dim=1)
 
 
 def masked_logsumexp(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -337,8 +347,15 @@ class QLearningTrainer(Generic[BatchT]):
     @torch.no_grad()
     def compute_target(self, batch: BatchT) -> torch.Tensor:
         """Bellman target r + (1 − terminal)·γ^Δt·V(s') [B], without gradient."""
+        return self.bellman_target(batch, self._next_value(batch))
+
+    def bellman_target(self, batch: BatchT, next_value: torch.Tensor) -> torch.Tensor:
+        """r + (1 − terminal)·γ^Δt·`next_value` (call without gradient)."""
         not_done = 1.0 - self._terminal(batch)
-        return self._reward(batch) + not_done * self.discount(batch) * self._next_value(batch)
+        discount = self.discount(batch)
+        if isinstance(discount, float):  # one kernel: r + γ·(not_done·V)
+            return torch.addcmul(self._reward(batch), not_done, next_value, value=discount)
+        return self._reward(batch) + not_done * discount * next_value
 
     def compute_loss(self, batch: BatchT) -> DQNLoss:
         """TD loss + cql_alpha · CQL term; `total` carries the gradient, the rest are detached.

@@ -24,6 +24,7 @@ from reagent_lite.trainers.common import (
     DQNHyperParams,
     DQNLoss,
     QLearningTrainer,
+    masked_argmax,
     masked_logsumexp,
     masked_max,
     masked_softmax,
@@ -126,8 +127,11 @@ class DQNTrainer(QLearningTrainer[DiscreteBatch]):
         q_all = self.q_net(batch.state)
         return q_all.gather(1, batch.action.unsqueeze(1)).squeeze(1), q_all
 
-    def _next_value(self, batch: DiscreteBatch) -> torch.Tensor:
-        target_q = self.target(batch.next_state)
+    def _next_value(self, batch: DiscreteBatch, direct: _Direct | None = None) -> torch.Tensor:
+        """`direct`: the (online, target) nets' `relu_layers()`, run by
+        `models.fused.layers_forward` without their module calls (`_fused_backward`
+        checked that they may)."""
+        target_q = _run(self.target, batch.next_state, direct and direct[1])
         if not self.hp.maxq_learning:
             # SARSA: the logged next action; rows without one (−1) are worth nothing.
             na = batch.next_action
@@ -137,9 +141,10 @@ class DQNTrainer(QLearningTrainer[DiscreteBatch]):
         if not self.hp.double_q_learning:
             return masked_max(target_q, mask)[0]
         # Double Q: the online net picks the action, the target net values it.
-        _, best = masked_max(self.online(batch.next_state), mask)
+        valid = mask > 0
+        best = masked_argmax(_run(self.online, batch.next_state, direct and direct[0]), valid)
         value = target_q.gather(1, best.unsqueeze(1)).squeeze(1)
-        return torch.where((mask > 0).any(dim=1), value, 0.0)
+        return torch.where(valid.any(dim=1), value, 0.0)
 
     def _fused_backward(self, batch: DiscreteBatch, scale: float) -> DQNLoss | None:
         """The step's forward, loss gradient and backward written out for a ReLU MLP on
@@ -156,8 +161,10 @@ class DQNTrainer(QLearningTrainer[DiscreteBatch]):
         if layers is None or not fusable_here(batch.state):
             return None
         weights, biases, relu = layers
-        target = self.compute_target(batch)
+        target_layers = self.target.relu_layers() if isinstance(self.target, MLP) else None
+        direct = None if target_layers is None else (layers, target_layers)
         with torch.no_grad():
+            target = self.bellman_target(batch, self._next_value(batch, direct))
             outs = layers_forward(batch.state, weights, biases, relu)
             q_all = outs[-1]
             logged = batch.action.unsqueeze(1)
@@ -179,3 +186,12 @@ class DQNTrainer(QLearningTrainer[DiscreteBatch]):
             param_grads, _ = layers_backward(outs, weights, relu, grad, grad_owned=True)
             accumulate_grads(weights, biases, param_grads)
         return DQNLoss(td, cql, total, q.mean())
+
+
+_Layers = tuple[list[torch.Tensor], list[torch.Tensor], tuple[bool, ...]]
+_Direct = tuple[_Layers, _Layers]  # (online, target) `MLP.relu_layers()`
+
+
+def _run(net: nn.Module, x: torch.Tensor, layers: _Layers | None) -> torch.Tensor:
+    """net(x), or with `layers` (net's `relu_layers()`) the layers alone."""
+    return net(x) if layers is None else layers_forward(x, *layers)[-1]

@@ -8,10 +8,14 @@ optimizer's own state tensors — bit-identical parameters and state
 (tests/trainers/test_optim_step.py) — and falls back to `step()` whenever that does
 anything else: the first call (the state may not exist yet; schedulers watch it), step
 hooks registered, a parameter without a gradient, amsgrad / capturable / differentiable
-groups, any other optimizer or a non-CPU parameter.
+groups, any other optimizer or a non-CPU parameter. The step counters of all parameters
+are elements of one tensor there, raised by one increment per step (torch raises them
+one by one).
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -24,6 +28,10 @@ class OptimizerStep:
     def __init__(self, optimizer: torch.optim.Optimizer):
         self.optimizer = optimizer
         self._first = True
+        # Every parameter's step counter as an element of one tensor (`_home_counters`):
+        # one increment per step instead of a per-tensor loop (≈ 10 µs of the CPU step).
+        self._counters: Tensor | None = None
+        self._counter_views: list[Tensor] = []
         params = [p for g in optimizer.param_groups for p in g["params"]]
         self.direct = (
             type(optimizer) in (torch.optim.Adam, torch.optim.AdamW)
@@ -69,31 +77,35 @@ class OptimizerStep:
     def _direct_step(self) -> bool:
         """The kernel call of every group, or False (nothing done) where `step()` must run."""
         opt = self.optimizer
-        calls = []
+        states: list[dict[str, Any]] = []
         for group in opt.param_groups:
-            params: list[Tensor] = group["params"]
-            grads, exp_avgs, exp_avg_sqs, steps = [], [], [], []
-            for p in params:
+            for p in group["params"]:
                 state = opt.state.get(p)
                 if p.grad is None or not state or "step" not in state:
                     return False
-                grads.append(p.grad)
-                exp_avgs.append(state["exp_avg"])
-                exp_avg_sqs.append(state["exp_avg_sq"])
-                steps.append(state["step"])
-            calls.append((group, params, (grads, exp_avgs, exp_avg_sqs, steps)))
-        for group, params, (grads, exp_avgs, exp_avg_sqs, steps) in calls:
+                states.append(state)
+        views = self._counter_views
+        if len(views) != len(states) or any(
+            s["step"] is not v for s, v in zip(states, views, strict=True)
+        ):
+            self._home_counters(states)
+        assert self._counters is not None
+        self._counters.add_(1)
+        first = 0
+        for group in opt.param_groups:
+            params: list[Tensor] = group["params"]
+            mine = states[first : first + len(params)]
+            first += len(params)
             beta1, beta2 = group["betas"]
             decoupled = group.get("decoupled_weight_decay", type(opt) is torch.optim.AdamW)
             kernel = torch._fused_adamw_ if decoupled else torch._fused_adam_
-            torch._foreach_add_(steps, 1)
             kernel(
                 params,
-                grads,
-                exp_avgs,
-                exp_avg_sqs,
+                [p.grad for p in params],  # type: ignore[misc]  # (checked above)
+                [s["exp_avg"] for s in mine],
+                [s["exp_avg_sq"] for s in mine],
                 [],
-                steps,
+                [s["step"] for s in mine],
                 amsgrad=False,
                 lr=float(group["lr"]),
                 beta1=float(beta1),
@@ -103,3 +115,14 @@ class OptimizerStep:
                 maximize=bool(group["maximize"]),
             )
         return True
+
+    def _home_counters(self, states: list[dict[str, Any]]) -> None:
+        """Put the step counters of `states` (every parameter's, in group order) into one
+        tensor, each state holding a 0-d view of its element (a loaded or first-built
+        state holds separate tensors): same values, dtype and device, so `step()` and a
+        saved state see them as before."""
+        counters = torch.stack([s["step"].detach().reshape(()) for s in states])
+        views = list(counters.unbind(0))
+        for state, view in zip(states, views, strict=True):
+            state["step"] = view
+        self._counters, self._counter_views = counters, views

@@ -96,6 +96,40 @@ def test_falls_back_to_step_where_step_does_more() -> None:
     assert int(opt.state[first]["step"]) == 2
 
 
+def test_shared_step_counters_count_like_step_through_fallbacks_and_a_save(tmp_path) -> None:
+    """The direct path keeps every step counter in one tensor; steps through `step()`
+    (a hook registered for a while), a `torch.save` / `torch.load` of the state and a
+    resume from it count exactly as `step()` alone."""
+    a, b = net(), net()
+    opt_a = torch.optim.Adam(a.parameters(), lr=0.01, fused=True)
+    opt_b = torch.optim.Adam(b.parameters(), lr=0.01, fused=True)
+
+    def steps(module: nn.Module, stepper, first: int, last: int) -> None:
+        for i in range(first, last):
+            set_grads(module, i)
+            stepper()
+
+    direct = OptimizerStep(opt_a)
+    steps(a, direct, 0, 3)
+    counters = [opt_a.state[p]["step"] for p in a.parameters()]
+    assert len({t.untyped_storage().data_ptr() for t in counters}) == 1  # one tensor
+    handle = opt_a.register_step_post_hook(lambda *_: None)
+    steps(a, direct, 3, 5)  # hooked: through step()
+    handle.remove()
+    steps(a, direct, 5, 7)
+    torch.save(opt_a.state_dict(), tmp_path / "opt.pt")
+    c = net()
+    c.load_state_dict(a.state_dict())
+    opt_c = torch.optim.Adam(c.parameters(), lr=0.01, fused=True)
+    opt_c.load_state_dict(torch.load(tmp_path / "opt.pt"))
+    steps(c, OptimizerStep(opt_c), 7, 10)
+    steps(b, opt_b.step, 0, 10)
+    for x, y in zip(c.parameters(), b.parameters(), strict=True):
+        assert torch.equal(x, y)
+    for p, q in zip(c.parameters(), b.parameters(), strict=True):
+        assert float(opt_c.state[p]["step"]) == float(opt_b.state[q]["step"]) == 10.0
+
+
 @pytest.mark.parametrize(
     "make",
     [
