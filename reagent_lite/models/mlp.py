@@ -128,6 +128,15 @@ class MLP(nn.Module):
         layers: list[nn.Linear] = list(self.linears)  # type: ignore[arg-type]
         return [la.weight for la in layers], [la.bias for la in layers], self._relu
 
+    def unhooked_relu_layers(
+        self,
+    ) -> tuple[list[torch.Tensor], list[torch.Tensor], tuple[bool, ...]] | None:
+        """`relu_layers()` when no forward hooks wait for this module's forward (what a
+        caller running the layers itself would skip), else None."""
+        if self._forward_hooks or self._forward_pre_hooks:
+            return None
+        return self.relu_layers()
+
     def trainable_relu_layers(
         self,
     ) -> tuple[list[torch.Tensor], list[torch.Tensor], tuple[bool, ...]] | None:
@@ -135,8 +144,8 @@ class MLP(nn.Module):
         autograd (`models.fused.layers_forward` / `layers_backward`): no forward hooks (they
         expect the forward to run) and every parameter trained (autograd would leave a
         frozen one without gradient); else None."""
-        layers = self.relu_layers()
-        if layers is None or self._forward_hooks or self._forward_pre_hooks:
+        layers = self.unhooked_relu_layers()
+        if layers is None:
             return None
         weights, biases, _ = layers
         if not all(p.requires_grad for p in (*weights, *biases)):

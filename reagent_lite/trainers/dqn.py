@@ -161,7 +161,8 @@ class DQNTrainer(QLearningTrainer[DiscreteBatch]):
         if layers is None or not fusable_here(batch.state):
             return None
         weights, biases, relu = layers
-        target_layers = self.target.relu_layers() if isinstance(self.target, MLP) else None
+        target_net = self.target
+        target_layers = target_net.unhooked_relu_layers() if isinstance(target_net, MLP) else None
         direct = None if target_layers is None else (layers, target_layers)
         with torch.no_grad():
             target = self.bellman_target(batch, self._next_value(batch, direct))

@@ -166,6 +166,16 @@ def test_hooks_and_frozen_layers_take_the_autograd_path() -> None:
     handle.remove()
     assert fused._fused_backward(batch(16, seed=0), 1.0) is not None
     fused.online.zero_grad(set_to_none=True)
+    # A hook on the target network: the step stays fused, the target's forward runs as a
+    # module call (the hook sees it and may change its output).
+    calls: list[int] = []
+    handle = fused.target.register_forward_hook(lambda *_: calls.append(1))
+    pre = fused.target.register_forward_pre_hook(lambda *_: calls.append(2))
+    assert fused._fused_backward(batch(16, seed=0), 1.0) is not None
+    assert calls == [2, 1]
+    handle.remove()
+    pre.remove()
+    fused.online.zero_grad(set_to_none=True)
     first = fused.online.linear(0)
     first.requires_grad_(False)
     assert fused._fused_backward(batch(16, seed=0), 1.0) is None
