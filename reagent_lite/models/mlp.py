@@ -16,6 +16,9 @@ from torch import nn
 from reagent_lite.errors import ConfigError
 from reagent_lite.models.fused import fusable_here, fused_mlp
 
+# (weights, biases, ReLU-after flags) of a plain linear → ReLU-or-nothing MLP, in layer order
+ReluLayers = tuple[list[torch.Tensor], list[torch.Tensor], tuple[bool, ...]]
+
 _ACTIVATIONS: dict[str, Callable[[], nn.Module]] = {
     "relu": nn.ReLU,
     "tanh": nn.Tanh,
@@ -119,7 +122,7 @@ class MLP(nn.Module):
         assert isinstance(layer, nn.Linear)
         return layer
 
-    def relu_layers(self) -> tuple[list[torch.Tensor], list[torch.Tensor], tuple[bool, ...]] | None:
+    def relu_layers(self) -> ReluLayers | None:
         """(weights, biases, ReLU flags) when every layer is linear → ReLU-or-nothing (what
         `models.fused` runs), else None. Read afresh on each call (cheap: no ModuleList
         indexing), so parameters replaced by `load_state_dict(assign=True)` are seen."""
@@ -128,18 +131,14 @@ class MLP(nn.Module):
         layers: list[nn.Linear] = list(self.linears)  # type: ignore[arg-type]
         return [la.weight for la in layers], [la.bias for la in layers], self._relu
 
-    def unhooked_relu_layers(
-        self,
-    ) -> tuple[list[torch.Tensor], list[torch.Tensor], tuple[bool, ...]] | None:
+    def unhooked_relu_layers(self) -> ReluLayers | None:
         """`relu_layers()` when no forward hooks wait for this module's forward (what a
         caller running the layers itself would skip), else None."""
         if self._forward_hooks or self._forward_pre_hooks:
             return None
         return self.relu_layers()
 
-    def trainable_relu_layers(
-        self,
-    ) -> tuple[list[torch.Tensor], list[torch.Tensor], tuple[bool, ...]] | None:
+    def trainable_relu_layers(self) -> ReluLayers | None:
         """`relu_layers()` when a training step may bypass this module's forward and
         autograd (`models.fused.layers_forward` / `layers_backward`): no forward hooks (they
         expect the forward to run) and every parameter trained (autograd would leave a

@@ -234,20 +234,30 @@ def masked_max(values: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, 
     gets max 0 (and an arbitrary argmax).
     """
     valid = mask > 0
-    best, idx = torch.where(valid, values, torch.finfo(values.dtype).min).max(dim=1)
+    best, idx = _lowest_where_invalid(values, valid).max(dim=1)
     return torch.where(valid.any(dim=1), best, 0.0), idx
 
 
-def masked_argmax(values: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
-    """Row argmax of `values` [B, K] over entries where the boolean `valid` is set (as
-    `masked_max`'s; arbitrary on a row with none)."""
-    return torch.where(valid, values, torch.finfo(values.dtype).min).argmax(dim=1)
+def double_q_value(
+    online_q: torch.Tensor, target_q: torch.Tensor, mask: torch.Tensor
+) -> torch.Tensor:
+    """Double Q's next-state value [B]: `target_q` at the action the online net rates best
+    among those with `mask` > 0 (ties: the first, as `masked_max`); rows with none get 0."""
+    valid = mask > 0
+    best = _lowest_where_invalid(online_q, valid).argmax(dim=1)
+    value = target_q.gather(1, best.unsqueeze(1)).squeeze(1)
+    return torch.where(valid.any(dim=1), value, 0.0)
+
+
+def _lowest_where_invalid(values: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+    """`values` with entries not `valid` replaced by the dtype's lowest finite value."""
+    return torch.where(valid, values, torch.finfo(values.dtype).min)
 
 
 def masked_logsumexp(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """Row logsumexp over valid entries; rows with none give 0 (finite value and gradient)."""
     valid = mask > 0
-    lse = torch.where(valid, values, torch.finfo(values.dtype).min).logsumexp(dim=1)
+    lse = _lowest_where_invalid(values, valid).logsumexp(dim=1)
     return torch.where(valid.any(dim=1), lse, 0.0)
 
 
@@ -255,7 +265,7 @@ def masked_softmax(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """Row softmax over entries with `mask` > 0 (0 elsewhere; all-0 rows with none): the
     gradient of `masked_logsumexp` with respect to `values`."""
     valid = mask > 0
-    probs = torch.where(valid, values, torch.finfo(values.dtype).min).softmax(dim=1)
+    probs = _lowest_where_invalid(values, valid).softmax(dim=1)
     return probs.mul_(valid.any(dim=1, keepdim=True))
 
 

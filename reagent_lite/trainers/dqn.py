@@ -19,12 +19,12 @@ from reagent_lite.models.fused import (
     layers_backward,
     layers_forward,
 )
-from reagent_lite.models.mlp import MLP
+from reagent_lite.models.mlp import MLP, ReluLayers
 from reagent_lite.trainers.common import (
     DQNHyperParams,
     DQNLoss,
     QLearningTrainer,
-    masked_argmax,
+    double_q_value,
     masked_logsumexp,
     masked_max,
     masked_softmax,
@@ -141,10 +141,8 @@ class DQNTrainer(QLearningTrainer[DiscreteBatch]):
         if not self.hp.double_q_learning:
             return masked_max(target_q, mask)[0]
         # Double Q: the online net picks the action, the target net values it.
-        valid = mask > 0
-        best = masked_argmax(_run(self.online, batch.next_state, direct and direct[0]), valid)
-        value = target_q.gather(1, best.unsqueeze(1)).squeeze(1)
-        return torch.where(valid.any(dim=1), value, 0.0)
+        online_q = _run(self.online, batch.next_state, direct and direct[0])
+        return double_q_value(online_q, target_q, mask)
 
     def _fused_backward(self, batch: DiscreteBatch, scale: float) -> DQNLoss | None:
         """The step's forward, loss gradient and backward written out for a ReLU MLP on
@@ -189,10 +187,9 @@ class DQNTrainer(QLearningTrainer[DiscreteBatch]):
         return DQNLoss(td, cql, total, q.mean())
 
 
-_Layers = tuple[list[torch.Tensor], list[torch.Tensor], tuple[bool, ...]]
-_Direct = tuple[_Layers, _Layers]  # (online, target) `MLP.relu_layers()`
+_Direct = tuple[ReluLayers, ReluLayers]  # (online, target) `MLP.relu_layers()`
 
 
-def _run(net: nn.Module, x: torch.Tensor, layers: _Layers | None) -> torch.Tensor:
+def _run(net: nn.Module, x: torch.Tensor, layers: ReluLayers | None) -> torch.Tensor:
     """net(x), or with `layers` (net's `relu_layers()`) the layers alone."""
     return net(x) if layers is None else layers_forward(x, *layers)[-1]

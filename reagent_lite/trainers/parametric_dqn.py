@@ -12,7 +12,12 @@ from typing import Any, Protocol
 import torch
 from torch import nn
 
-from reagent_lite.trainers.common import DQNHyperParams, QLearningTrainer, masked_max
+from reagent_lite.trainers.common import (
+    DQNHyperParams,
+    QLearningTrainer,
+    double_q_value,
+    masked_max,
+)
 
 
 class ParametricBatch(Protocol):
@@ -83,6 +88,4 @@ class ParametricDQNTrainer(QLearningTrainer[ParametricBatch]):
         target_q = self.target(batch.next_state, candidates)
         if not self.hp.double_q_learning:
             return masked_max(target_q, mask)[0]
-        _, best = masked_max(self.online(batch.next_state, candidates), mask)
-        value = target_q.gather(1, best.unsqueeze(1)).squeeze(1)
-        return torch.where((mask > 0).any(dim=1), value, torch.zeros_like(value))
+        return double_q_value(self.online(batch.next_state, candidates), target_q, mask)
