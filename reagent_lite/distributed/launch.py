@@ -8,11 +8,12 @@
   local device: in this process when there is one, else in ``spawn``-ed children.
 
 Each worker initialises the process group with the collective timeout (so a dead or hung
-peer fails the survivors instead of hanging them) and destroys it on the way out, on error
-too. A failing worker makes `launch` raise: a `ReagentLiteError` keeps its class, message and
-exit code; a collective failure becomes `DistributedError`; anything else becomes
-`WorkerError` carrying the child's traceback. `worker_fn` and `args` must be picklable
-(a module-level function) when processes are spawned.
+peer fails the survivors instead of hanging them) and destroys it on the way out — after an
+error over NCCL it aborts it instead (`_leave_group`). A failing worker makes `launch`
+raise: a `ReagentLiteError` keeps its class, message and exit code; a collective failure
+becomes `DistributedError`; anything else becomes `WorkerError` carrying the child's
+traceback. `worker_fn` and `args` must be picklable (a module-level function) when
+processes are spawned.
 """
 
 from __future__ import annotations
@@ -115,6 +116,7 @@ def _run_worker(
         device=device,
         backend=plan.backend,
     )
+    failed = True
     try:
         try:
             dist.init_process_group(
@@ -133,6 +135,7 @@ def _run_worker(
             worker_fn(ctx, *args)
             # Nobody tears the group (and the store file) down while a peer still uses it.
             ctx.barrier()
+            failed = False
         except BaseException as exc:
             # Stamped before the group is destroyed: destroying it is what makes the peers
             # fail, and the parent must tell the cause from those echoes.
@@ -146,7 +149,21 @@ def _run_worker(
     finally:
         if dist.is_initialized():
             with contextlib.suppress(Exception):
-                dist.destroy_process_group()
+                _leave_group(failed)
+
+
+def _leave_group(failed: bool) -> None:
+    """Destroys the process group; after a failure over NCCL, aborts it instead.
+
+    A failed rank's peers may be waiting inside a collective it will never join. Over gloo,
+    destroying the group closes its connections and so fails them at once. Over NCCL a
+    graceful destroy waits for them — until their collective timeout — and with it this
+    rank's exit, its error report and the launcher's ending of its siblings; an abort
+    returns at once."""
+    if failed and dist.get_backend() == "nccl":
+        dist.group.WORLD.abort()  # type: ignore[union-attr]
+    else:
+        dist.destroy_process_group()
 
 
 def _classify(exc: BaseException, rank: int, timeout_s: float) -> BaseException:

@@ -14,7 +14,8 @@ modules — and averages the gradients itself: one flat buffer per optimizer, di
 world size and all-reduced by NCCL inside the graph, between backward and the optimizer
 step (`GradAllReduce`, hooked in as the trainers' `grad_sync`). The wrapper stays for what
 it did at construction (rank 0's parameters broadcast, so replicas start identical) and
-for the eager fallback, which every rank takes if capture fails on any rank. DDP keeps
+for the eager fallback, which every rank takes if capture fails on any rank (a failure in
+the eager warm-up steps before capture, whose all-reduces run, stops the run). DDP keeps
 the parameters' AccumulateGrad nodes alive, and autograd accumulates on the stream a node
 was made on: made on the default stream, the captured backward would have to sync with
 it, which invalidates the capture. So DDP is built on the stream the step is warmed up and
@@ -53,6 +54,7 @@ from torch import Tensor, nn
 from torch.nn.parallel import DistributedDataParallel
 
 from reagent_lite.data.sampler import EpochSampler
+from reagent_lite.errors import TrainingError
 from reagent_lite.training.graphs import (
     GradAllReduce,
     WarmupSnapshot,
@@ -368,8 +370,21 @@ class StepRunner:
         dist.all_reduce(flag, op=dist.ReduceOp.MIN)
         return bool(flag.item())
 
+    def _warmup_failed(self, failure: str) -> TrainingError:
+        """Before capture, the ranks run eager steps whose gradient all-reduces execute: a
+        rank that failed there cannot fall back alone — its peers wait inside one, and the
+        all-reduce that would agree on the fallback would pair with theirs. So it stops the
+        run; the launcher ends the node's other ranks, other nodes' time out."""
+        return TrainingError(
+            f"cuda_graphs: {failure} on rank {dist.get_rank()} of {self.graph_world}, in an "
+            "eager step before capture: the other ranks are inside its gradient all-reduce, "
+            "so this rank cannot fall back to eager training alone and the run stops "
+            "(with `cuda_graphs: false` every rank trains eagerly from the start)"
+        )
+
     def _try_capture(self) -> None:
-        """Warm up, capture, undo the warm-up; on any failure stay eager and say why."""
+        """Warm up, capture, undo the warm-up; if capture fails (on any rank) stay eager and
+        say why. Over several ranks a failure before capture is fatal (`_warmup_failed`)."""
         self._want_graph = False
         # Capturable first: it may move step counters, which the snapshot must then hold.
         make_capturable(self.trainer.optimizer, self.device, lr_tensor=True)
@@ -381,6 +396,7 @@ class StepRunner:
         # Thread-local: NCCL's watchdog thread queries events while we capture.
         mode = "thread_local" if self.graph_world else "global"
         failure = ""
+        phase = "warm-up"
         try:
             if self.streamed:
                 self._static_src = {
@@ -407,6 +423,7 @@ class StepRunner:
                 for opt in self._optimizers():
                     opt.zero_grad(set_to_none=True)
                 torch.cuda.synchronize(self.device)
+                phase = "capture"
                 graph = torch.cuda.CUDAGraph()
                 # Multi-process: captured on the warm-up stream, DDP's (module notes).
                 on = side if self.graph_world else None
@@ -416,7 +433,9 @@ class StepRunner:
             frames = traceback.extract_tb(err.__traceback__)
             at = f" (at {Path(frames[-1].filename).name}:{frames[-1].lineno})" if frames else ""
             first = (str(err).splitlines() or [""])[0]
-            failure = f"CUDA graph capture failed: {type(err).__name__}: {first}{at}"
+            failure = f"CUDA graph {phase} failed: {type(err).__name__}: {first}{at}"
+            if self.graph_world and phase == "warm-up":
+                raise self._warmup_failed(failure) from err
         torch.cuda.synchronize(self.device)
         if failure:
             log.warning("cuda_graphs: %s; training eagerly", failure)

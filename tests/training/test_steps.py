@@ -114,6 +114,56 @@ def test_cuda_graph_step_equals_eager_step(
 two_gpus = pytest.mark.skipif(
     not torch.cuda.is_available() or torch.cuda.device_count() < 2, reason="needs 2 CUDA devices"
 )
+# NVLink multicast off (the lent machines' notes); the replica check on.
+_TWO_GPU_ENV = {
+    "NCCL_NVLS_ENABLE": "0",
+    "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
+    "NVSHMEM_DISABLE_NVLS": "1",
+    "CUDA_VISIBLE_DEVICES": "0,1",
+    "REAGENT_LITE_VERIFY_REPLICAS": "1",
+}
+
+
+def _two_gpu_data(tmp_path: Path, kind: str) -> Path:
+    from reagent_lite.samples.generate import generate_sample_data
+
+    data = tmp_path / "data"
+    if kind == "dqn":
+        generate_sample_data(kind="gym", episodes=80, seed=1, output_dir=data)
+    else:
+        generate_sample_data(kind="synthetic_parametric", episodes=1500, seed=1, output_dir=data)
+    return data
+
+
+def _two_gpu_config(tmp_path: Path, data: Path, kind: str, name: str, graphs: bool) -> Path:
+    """A 2-GPU run's config (`use_all_avail_gpus`, NCCL), written to `tmp_path/name.json`."""
+    cfg: dict[str, Any] = {
+        "training_data_path": str(data / "train.parquet"),
+        "model_output_path": str(tmp_path / name),
+        "use_gpu": True,
+        "use_all_avail_gpus": True,
+        "init_method": (tmp_path / f"rdzv_{name}").as_uri(),
+        "cuda_graphs": graphs,
+        "epochs": 3,
+        "seed": 5,
+        "checkpoint_every_epochs": 0,
+        "log_every_steps": 7,
+        "collective_timeout_s": 120,
+        "training": {
+            "layers": [-1, 64, 64, -1],
+            "activations": ["relu", "relu", "linear"],
+            "minibatch_size": 128,
+            "minibatches_per_step": 2,
+            "steps_per_epoch": 25,  # 75 steps: one heartbeat (every 64)
+            "lr_decay": 0.9,
+        },
+        "evaluation": {"calc_cpe_in_training": True, "model_selection": "last"},
+    }
+    if kind == "dqn":
+        cfg["actions"] = ["0", "1"]
+    path = tmp_path / f"{name}.json"
+    path.write_text(json.dumps(cfg))
+    return path
 
 
 @pytest.mark.gpu
@@ -122,52 +172,15 @@ two_gpus = pytest.mark.skipif(
 def test_two_gpu_graph_step_equals_ddp_eager_step(tmp_path: Path, kind: str) -> None:
     """Two processes over NCCL: the captured step (gradients all-reduced inside the graph,
     CPE models too) trains what the eager DDP step trains, and the replicas stay equal."""
-    from reagent_lite.samples.generate import generate_sample_data
     from tests.conftest import run_module
 
-    data = tmp_path / "data"
-    if kind == "dqn":
-        generate_sample_data(kind="gym", episodes=80, seed=1, output_dir=data)
-    else:
-        generate_sample_data(kind="synthetic_parametric", episodes=1500, seed=1, output_dir=data)
-    safe = {
-        "NCCL_NVLS_ENABLE": "0",
-        "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
-        "NVSHMEM_DISABLE_NVLS": "1",
-        "CUDA_VISIBLE_DEVICES": "0,1",
-        "REAGENT_LITE_VERIFY_REPLICAS": "1",
-    }
+    data = _two_gpu_data(tmp_path, kind)
     outs = {}
     for graphs in (False, True):
         name = "graph" if graphs else "eager"
-        cfg: dict[str, Any] = {
-            "training_data_path": str(data / "train.parquet"),
-            "model_output_path": str(tmp_path / name),
-            "use_gpu": True,
-            "use_all_avail_gpus": True,
-            "init_method": (tmp_path / f"rdzv_{name}").as_uri(),
-            "cuda_graphs": graphs,
-            "epochs": 3,
-            "seed": 5,
-            "checkpoint_every_epochs": 0,
-            "log_every_steps": 7,
-            "collective_timeout_s": 120,
-            "training": {
-                "layers": [-1, 64, 64, -1],
-                "activations": ["relu", "relu", "linear"],
-                "minibatch_size": 128,
-                "minibatches_per_step": 2,
-                "steps_per_epoch": 25,  # 75 steps: one heartbeat (every 64)
-                "lr_decay": 0.9,
-            },
-            "evaluation": {"calc_cpe_in_training": True, "model_selection": "last"},
-        }
-        if kind == "dqn":
-            cfg["actions"] = ["0", "1"]
-        path = tmp_path / f"{name}.json"
-        path.write_text(json.dumps(cfg))
+        path = _two_gpu_config(tmp_path, data, kind, name, graphs)
         proc = run_module(
-            f"workflows.{kind}_workflow", "--config", str(path), timeout=240, env=safe
+            f"workflows.{kind}_workflow", "--config", str(path), timeout=240, env=_TWO_GPU_ENV
         )
         text = proc.stdout + proc.stderr
         assert proc.returncode == 0, text[-4000:]
@@ -181,6 +194,61 @@ def test_two_gpu_graph_step_equals_ddp_eager_step(tmp_path: Path, kind: str) -> 
     assert eager.keys() == graph.keys()
     for key in eager:
         torch.testing.assert_close(graph[key], eager[key], rtol=1e-4, atol=1e-4)
+
+
+# Fault injection for the test below, loaded by every process of the run (launcher and
+# ranks) through PYTHONPATH: rank 1's first eager step before capture raises.
+_FAIL_WARMUP = """
+import os
+import torch.distributed as dist
+from reagent_lite.training import steps
+
+_body = steps.StepRunner._graph_body
+
+
+def _failing_body(self):
+    if self.graph is None and dist.get_rank() == 1:
+        raise RuntimeError("injected fault in rank 1's step before capture")
+    return _body(self)
+
+
+steps.StepRunner._graph_body = _failing_body
+"""
+
+
+@pytest.mark.gpu
+@two_gpus
+def test_two_gpu_failure_before_capture_on_one_rank_stops_the_run(tmp_path: Path) -> None:
+    """Rank 1 fails in an eager step before capture while rank 0 is inside that step's
+    gradient all-reduce: rank 1 cannot fall back to eager alone (the all-reduce agreeing
+    on it would pair with rank 0's), so the run stops at once with the cause — not after
+    `collective_timeout_s`, and with no model written."""
+    import os
+    import time
+
+    from tests.conftest import REPO_ROOT, run_module
+
+    inject = tmp_path / "inject"
+    inject.mkdir()
+    (inject / "sitecustomize.py").write_text(_FAIL_WARMUP)
+    env = dict(_TWO_GPU_ENV)
+    env["PYTHONPATH"] = os.pathsep.join(
+        p for p in (str(inject), str(REPO_ROOT), os.environ.get("PYTHONPATH", "")) if p
+    )
+    path = _two_gpu_config(tmp_path, _two_gpu_data(tmp_path, "dqn"), "dqn", "run", True)
+    cfg = json.loads(path.read_text())
+    cfg["collective_timeout_s"] = 150
+    path.write_text(json.dumps(cfg))
+    t0 = time.monotonic()
+    proc = run_module("workflows.dqn_workflow", "--config", str(path), timeout=240, env=env)
+    took = time.monotonic() - t0
+    text = proc.stdout + proc.stderr
+    assert proc.returncode == 5, text[-4000:]  # TrainingError
+    assert "injected fault in rank 1" in text, text[-4000:]
+    assert "CUDA graph warm-up failed" in text and "on rank 1 of 2" in text, text[-4000:]
+    assert "cuda_graphs: false" in text, text[-4000:]
+    assert took < 150, f"took {took:.0f} s: waited for the collective timeout"
+    assert not (tmp_path / "run" / "model_state.pt").exists()
 
 
 def _grad_sync_worker(rank: int, init: str, out: str) -> None:
