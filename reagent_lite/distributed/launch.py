@@ -137,8 +137,8 @@ def _run_worker(
             ctx.barrier()
             failed = False
         except BaseException as exc:
-            # Stamped before the group is destroyed: destroying it is what makes the peers
-            # fail, and the parent must tell the cause from those echoes.
+            # Stamped before the group is left: leaving it (or this process ending) is what
+            # makes the peers fail, and the parent must tell the cause from those echoes.
             err = _classify(exc, rank, collective_timeout_s)
             with contextlib.suppress(Exception):
                 err._failed_at = time.time()  # type: ignore[attr-defined]
@@ -159,11 +159,22 @@ def _leave_group(failed: bool) -> None:
     destroying the group closes its connections and so fails them at once. Over NCCL a
     graceful destroy waits for them — until their collective timeout — and with it this
     rank's exit, its error report and the launcher's ending of its siblings; an abort
-    returns at once."""
+    returns at once; peers on this node are then ended by whoever started the processes
+    (this launcher, torchrun), others time out."""
     if failed and dist.get_backend() == "nccl":
-        dist.group.WORLD.abort()  # type: ignore[union-attr]
+        _abort_groups()
     else:
         dist.destroy_process_group()
+
+
+def _abort_groups() -> None:
+    """Aborts every process group without waiting for peers, and unregisters them (so this
+    process could initialise a new one, as a launch from the same process does)."""
+    abort_all = getattr(dist.distributed_c10d, "_abort_process_group", None)
+    if abort_all is not None:  # torch's own: aborts and forgets every group
+        abort_all()
+    else:
+        dist.group.WORLD.abort()  # type: ignore[union-attr]
 
 
 def _classify(exc: BaseException, rank: int, timeout_s: float) -> BaseException:

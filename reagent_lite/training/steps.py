@@ -377,9 +377,9 @@ class StepRunner:
         run; the launcher ends the node's other ranks, other nodes' time out."""
         return TrainingError(
             f"cuda_graphs: {failure} on rank {dist.get_rank()} of {self.graph_world}, in an "
-            "eager step before capture: the other ranks are inside its gradient all-reduce, "
-            "so this rank cannot fall back to eager training alone and the run stops "
-            "(with `cuda_graphs: false` every rank trains eagerly from the start)"
+            "eager step before capture: the other ranks may be inside its gradient "
+            "all-reduce, so this rank cannot fall back to eager training alone and the run "
+            "stops (with `cuda_graphs: false` every rank trains eagerly from the start)"
         )
 
     def _try_capture(self) -> None:
@@ -429,7 +429,9 @@ class StepRunner:
                 on = side if self.graph_world else None
                 with torch.cuda.graph(graph, stream=on, capture_error_mode=mode):
                     self._graph_body()
-        except Exception as err:  # any capture problem: eager is always correct
+        except Exception as err:  # a capture problem: eager is always correct (one rank)
+            if isinstance(err, dist.DistError):
+                raise  # a collective failed (a peer died): the launcher's error, not ours
             frames = traceback.extract_tb(err.__traceback__)
             at = f" (at {Path(frames[-1].filename).name}:{frames[-1].lineno})" if frames else ""
             first = (str(err).splitlines() or [""])[0]

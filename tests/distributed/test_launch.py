@@ -221,3 +221,33 @@ def test_spawned_workers_die_with_their_launcher(cluster: Cluster) -> None:
     while any(_running(pid) for pid in children):
         assert time.monotonic() < end, "orphaned workers kept running"
         time.sleep(0.1)
+
+
+_ABORT_THEN_RESTART = """
+import sys
+import torch.distributed as dist
+from reagent_lite.distributed.launch import _abort_groups
+
+first, second = sys.argv[1:3]
+dist.init_process_group("gloo", init_method=first, rank=0, world_size=1)
+_abort_groups()
+assert not dist.is_initialized(), "the aborted group is still registered"
+dist.init_process_group("gloo", init_method=second, rank=0, world_size=1)
+dist.barrier()
+dist.destroy_process_group()
+print("restarted")
+"""
+
+
+def test_aborted_groups_are_forgotten_so_the_process_can_start_another(tmp_path: Path) -> None:
+    """After a failure over NCCL a worker aborts its groups (`_abort_groups`) instead of
+    destroying them gracefully; a process that goes on (the worker ran in the launcher's
+    own process) must be able to start a new group. Here over gloo, a world of one."""
+    proc = subprocess.run(
+        [sys.executable, "-c", _ABORT_THEN_RESTART,
+         (tmp_path / "a").as_uri(), (tmp_path / "b").as_uri()],
+        cwd=REPO, capture_output=True, text=True, timeout=HARD_TIMEOUT_S,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "restarted" in proc.stdout
