@@ -257,3 +257,47 @@ def test_duplicate_node_index_fails_at_once(
     # Import time plus the liveness window (5 heartbeats), not the 120 s rendezvous timeout.
     assert elapsed < 60, f"took {elapsed:.0f}s"
     assert first.proc.poll() is None, "the legitimate node 1 must be left alone"
+
+
+def test_torchrun_style_ranks_wait_for_rank_zeros_sample_data(tmp_path: Path) -> None:
+    """Under torchrun every rank runs the command: rank 0 generates the config's sample
+    data while rank 1 starts; rank 1 must not fail on the not-yet-written data (it reads
+    it only after joining the process group, which rank 0 does once the data exists)."""
+    import os
+    import socket
+    import subprocess
+    import sys
+
+    from tests.workflows.nodes import HARD_TIMEOUT_S, REPO_ROOT
+
+    data = tmp_path / "generated" / "train.parquet"
+    cfg = write_config(tmp_path / "c.json", "dqn", data, tmp_path / "out", epochs=1)
+    raw = json.loads(cfg.read_text())
+    raw["sample_data"] = {"kind": "gym", "env": "CartPole-v1", "episodes": 300, "seed": 0}
+    cfg.write_text(json.dumps(raw))
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    procs = []
+    for rank in range(2):
+        env = {
+            **os.environ, "PYTHONPATH": str(REPO_ROOT), "OMP_NUM_THREADS": "1",
+            "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "WORLD_SIZE": "2",
+            "RANK": str(rank), "LOCAL_RANK": str(rank), "LOCAL_WORLD_SIZE": "2",
+        }  # fmt: skip
+        log = tmp_path / f"rank{rank}.log"
+        with open(log, "wb") as f:
+            procs.append((subprocess.Popen(
+                [sys.executable, "-m", "workflows.dqn_workflow", "--config", str(cfg)],
+                cwd=REPO_ROOT, env=env, stdout=f, stderr=subprocess.STDOUT,
+            ), log))  # fmt: skip
+    try:
+        for proc, log in procs:
+            rc = proc.wait(HARD_TIMEOUT_S)
+            assert rc == 0, log.read_text()[-3000:]
+    finally:
+        for proc, _ in procs:
+            if proc.poll() is None:
+                proc.kill()
+    assert "generating sample data" in procs[0][1].read_text()
+    assert_outputs_once(tmp_path / "out")
