@@ -93,8 +93,10 @@ class RLParameters(_Model):
     temperature: float = Field(
         default=1.0, gt=0.0, description="Softmax temperature of the evaluated policy (> 0)."
     )
+    # Literal defaults (pydantic copies mutable ones for every model) so that the JSON
+    # Schema states them; a default_factory would leave them out.
     reward_boost: dict[str, float] = Field(
-        default_factory=dict,
+        default={},
         description="Action name → reward added to transitions that took that action.",
     )
     use_seq_num_diff_as_time_diff: FlexBool = Field(
@@ -135,14 +137,14 @@ class TrainingParameters(_Model):
     """Network shape and optimizer (Horizon's `training` block)."""
 
     layers: list[Annotated[int, Field(ge=-1)]] = Field(
-        default_factory=lambda: [-1, 256, 256, -1],
+        default=[-1, 256, 256, -1],
         min_length=2,
         description="Layer sizes, input first. A -1 at the first/last position is a "
         "placeholder for the input size / output size taken from the data; -1 anywhere "
         "else is an error.",
     )
     activations: list[str] = Field(
-        default_factory=lambda: ["relu", "relu", "linear"],
+        default=["relu", "relu", "linear"],
         description="Activation after each linear layer (len(layers) - 1 entries), one of "
         + ", ".join(sorted(ACTIVATIONS))
         + " (case-insensitive; linear = identity).",

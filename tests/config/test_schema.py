@@ -125,3 +125,37 @@ def test_schema_describes_every_property() -> None:
         for obj in objects:
             for key, prop in obj.get("properties", {}).items():
                 assert prop.get("description"), f"{name}: {key} has no description"
+
+
+def test_schema_states_every_plain_default() -> None:
+    """Every field with a default that is a value (not a nested block) shows it in the
+    schema, as in docs/CONFIG.md: editors and users read defaults from there."""
+    from pydantic import BaseModel
+    from pydantic_core import PydanticUndefined
+
+    seen: set[type[BaseModel]] = set()
+
+    def walk(model: type[BaseModel], schema: dict, defs: dict) -> None:
+        if model in seen:
+            return
+        seen.add(model)
+        for key, field in model.model_fields.items():
+            name = field.alias or key
+            prop = schema["properties"][name]
+            sub = field.annotation
+            nested = isinstance(sub, type) and issubclass(sub, BaseModel)
+            if nested:
+                ref = prop.get("$ref") or next(
+                    (p["$ref"] for p in prop.get("anyOf", []) if "$ref" in p), None
+                )
+                if ref:
+                    walk(sub, defs[ref.rsplit("/", 1)[1]], defs)
+                continue
+            has_default = field.default is not PydanticUndefined or field.default_factory
+            if has_default:
+                assert "default" in prop, f"{model.__name__}.{name}: default not in the schema"
+
+    for name, cls in SCHEMA_FILES.items():
+        seen.clear()
+        schema = load_schema(name)
+        walk(cls, schema, schema["$defs"])
