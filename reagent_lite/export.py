@@ -108,7 +108,13 @@ def write_outputs(wf: Workflow) -> Path:
         "sample_data": resolved.get("sample_data"),
     }
     atomic_write_json(out / "model_meta.json", meta)
-    log.info("model written to %s (epoch %d selected)", model_path, wf.best["epoch"] + 1)
+    log.info(
+        "model written to %s (epoch %d selected; the files count epochs from 0: "
+        "selected_epoch %d in model_meta.json)",
+        model_path,
+        wf.best["epoch"] + 1,
+        wf.best["epoch"],
+    )
     return model_path
 
 
