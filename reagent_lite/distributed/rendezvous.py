@@ -166,10 +166,23 @@ class FileRendezvous:
         while True:
             try:
                 self.dir.mkdir(parents=True, exist_ok=True)
+            except OSError as exc:  # not a directory we may create (a read-only or virtual
+                # filesystem, a file in the way): waiting would not change that
+                raise DistributedError(
+                    f"cannot create the rendezvous directory {self.dir}: {exc.strerror} "
+                    "(init_method must name a writable path on the filesystem shared by all "
+                    "nodes)"
+                ) from exc
+            try:
                 fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
             except FileExistsError:
                 pass
             except FileNotFoundError:  # the directory vanished under us (a finishing run)
+                if time.monotonic() > deadline:
+                    raise DistributedError(
+                        f"rendezvous timed out after {self.timeout_s:g}s trying to claim "
+                        f"node_index {self.node_index} ({lock}): its directory kept vanishing"
+                    ) from None
                 continue
             except OSError as exc:
                 raise DistributedError(
@@ -261,7 +274,7 @@ class FileRendezvous:
             with open(lock, "rb") as f:
                 mtime = os.fstat(f.fileno()).st_mtime_ns
                 raw = f.read()
-        except FileNotFoundError:
+        except (FileNotFoundError, NotADirectoryError):  # no claim (or no directory) there
             return None
         try:
             data = json.loads(raw)

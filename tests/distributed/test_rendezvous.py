@@ -173,3 +173,32 @@ def test_leftover_session_of_dead_run_is_never_joined(tmp_path: Path) -> None:
     )
     with pytest.raises(DistributedError, match="never published a session"):
         _rdzv(d, 1, 2, timeout=0.5).join()
+
+
+@pytest.mark.parametrize("where", ["under_a_file", "virtual_fs"])
+def test_a_directory_that_cannot_be_made_fails_at_once_naming_it(
+    tmp_path: Path, where: str
+) -> None:
+    """A rendezvous path whose directory can never be created (a file in the way, /proc)
+    is an error at once, not a retry loop that never reaches its timeout."""
+    if where == "under_a_file":
+        (tmp_path / "data.parquet").write_text("x")
+        d = tmp_path / "data.parquet" / "r.rdzv"
+    else:
+        if not Path("/proc/self").exists():
+            pytest.skip("needs Linux /proc")
+        d = Path("/proc/no-such-dir/r.rdzv")
+    out: list[BaseException | None] = [None]
+
+    def run() -> None:
+        try:
+            _rdzv(d, 0, 2, timeout=60).join()
+        except BaseException as exc:
+            out[0] = exc
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    t.join(10)
+    assert not t.is_alive(), "join() kept retrying instead of failing"
+    assert isinstance(out[0], DistributedError), out[0]
+    assert f"cannot create the rendezvous directory {d}" in str(out[0])
