@@ -230,6 +230,7 @@ def ingest_shard(
         before = builder.n
         t0 = clock()
         for batch in batches:
+            checked = None  # (a batch of no rows has no slices)
             t1 = clock()
             timings["read"] += t1 - t0
             # Slices of a row group bound the per-row temporaries of validation and

@@ -153,6 +153,12 @@ def test_empty_shard_and_all_bad(tmp_path: Path) -> None:
     path = write(tmp_path / "t.parquet", rows(2), 10)
     with pytest.raises(DataError, match="no rows"):
         ingest_discrete(path, [(0, 3)], ACTIONS)  # rows [0, 0) of 2
+    # A file of no rows (its one row group empty) and a JSONL file of none: the same error.
+    empty = write(tmp_path / "empty.parquet", [], 10)
+    (tmp_path / "empty.jsonl").write_text("")
+    for file in (empty, tmp_path / "empty.jsonl"):
+        with pytest.raises(DataError, match="no rows"):
+            ingest_discrete(file, [(0, 1)], ACTIONS)
     v = ShardValidation("dqn", actions=ACTIONS, source="s", drop_bad_rows=True)
     bad = read_shard(path, 0, 1).set_column(4, "reward", pa.array([float("nan")] * 2))
     assert v.check(bad).num_rows == 0
