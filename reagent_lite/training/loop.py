@@ -153,14 +153,14 @@ class Workflow:
                 f"training.warm_start_model_path: no model state at '{file}' "
                 "(expected a previous run's output directory or its model_state.pt)"
             )
-        state = torch.load(file, map_location="cpu", weights_only=False)
-        try:
-            self.q_net.load_state_dict(state["q_net"])
-        except RuntimeError as err:
+        what = f"training.warm_start_model_path: '{file}'"
+        state = _read_state(file, what, "a model_state.pt written by a reagent-lite run")
+        if not isinstance(state, dict) or "q_net" not in state:
             raise ConfigError(
-                f"training.warm_start_model_path: '{file}' does not fit this network "
-                f"(layers/features differ): {str(err).splitlines()[0]}"
-            ) from err
+                f"{what} holds no Q-network state (expected a model_state.pt written by a "
+                "reagent-lite run, a dict with a 'q_net' entry)"
+            )
+        _fit(self.q_net, state["q_net"], what)
         log.info("warm-started the Q-network from %s", file)
 
     def _wrap(self, module: nn.Module, *, data_parallel: bool = True) -> nn.Module:
@@ -433,15 +433,16 @@ class Workflow:
             if self.metrics is not None:
                 self.metrics.drop_after(-1)
             return
-        state = ckpt.load_checkpoint(path)
+        what = f"--resume: checkpoint {path}"
+        state = _read_state(path, what, "a checkpoint written by a reagent-lite run")
+        if not isinstance(state, dict) or "space" not in state or "q_net" not in state:
+            raise ConfigError(f"{what} is not a reagent-lite checkpoint")
         if state["space"] != self.space.to_json():
-            raise ConfigError(
-                f"--resume: checkpoint {path} was made for other features/actions than this data"
-            )
-        self.q_net.load_state_dict(state["q_net"])
+            raise ConfigError(f"{what} was made for other features/actions than this data")
+        _fit(self.q_net, state["q_net"], what)
         self.trainer.load_state_dict(state["trainer"])
         if self.cpe is not None and state["cpe"] is not None:
-            self.cpe.load_state_dict(state["cpe"])
+            _fit(self.cpe, state["cpe"], what)
         self.best = state["best"]
         self.history = state["history"]
         self.start_epoch = state["epoch"] + 1
@@ -474,3 +475,28 @@ class Workflow:
             self._runner.close()  # a stream left open by an error: stop its worker first
         if self.disk is not None:
             self.disk.close()
+
+
+def _read_state(path: Path, what: str, expected: str) -> Any:
+    """One of our own state files; a file that is not one (truncated, empty, another
+    format) is a `ConfigError`."""
+    try:
+        return ckpt.load_checkpoint(path)
+    except Exception as err:  # EOFError, UnpicklingError, RuntimeError (zip), OSError, ...
+        first = (str(err).splitlines() or [type(err).__name__])[0]
+        raise ConfigError(
+            f"{what} cannot be read ({type(err).__name__}: {first}); expected {expected}"
+        ) from err
+
+
+def _fit(module: Any, state: Any, what: str) -> None:
+    """module.load_state_dict(state), a mismatch named: which tensors differ and how."""
+    try:
+        module.load_state_dict(state)
+    except (RuntimeError, KeyError, TypeError) as err:
+        lines = [ln.strip() for ln in str(err).splitlines() if ln.strip()]
+        detail = "; ".join(lines[1:4] if len(lines) > 1 else lines)
+        raise ConfigError(
+            f"{what} does not fit this network (layers, activations or features differ "
+            f"from the run that wrote it): {detail}"
+        ) from err

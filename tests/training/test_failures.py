@@ -87,5 +87,49 @@ def test_warm_start_from_previous_run_and_mismatch_is_a_config_error(tmp_path: P
     result = run_module("workflows.dqn_workflow", "--config", str(wider), timeout=240)
     assert result.returncode == 2, result.stderr[-3000:]
     assert "training.warm_start_model_path" in result.stderr
+    assert "size mismatch" in result.stderr  # which tensors differ, not just that some do
     assert "Traceback" not in result.stderr
     assert not (tmp_path / "c" / "out" / "model.pt2").exists()
+
+    # Files that are not a previous run's model state: named, never a traceback.
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    (bad / "empty.pt").write_bytes(b"")
+    torch.save(torch.load(previous / "model_state.pt")["q_net"], bad / "bare_state_dict.pt")
+    files = [
+        bad / "empty.pt",
+        bad / "bare_state_dict.pt",
+        tmp_path / "a" / "data" / "train.parquet",
+    ]
+    for i, file in enumerate(files):
+        cfg = make_config(
+            tmp_path / f"d{i}", "dqn", epochs=1, evaluation={"calc_cpe_in_training": False},
+            training={"warm_start_model_path": str(file)},
+        )  # fmt: skip
+        result = run_module("workflows.dqn_workflow", "--config", str(cfg), timeout=240)
+        assert result.returncode == 2, (file, result.stderr[-3000:])
+        assert f"training.warm_start_model_path: '{file}'" in result.stderr
+        assert "model_state.pt" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_resume_from_a_checkpoint_that_does_not_fit_or_is_damaged(tmp_path: Path) -> None:
+    config = make_config(tmp_path, "dqn", epochs=1, evaluation={"calc_cpe_in_training": False})
+    first = run_module("workflows.dqn_workflow", "--config", str(config), timeout=240)
+    assert first.returncode == 0, first.stderr[-3000:]
+    checkpoint = latest_checkpoint(tmp_path / "out")
+    assert checkpoint is not None
+    cfg = json.loads(config.read_text())
+    cfg["epochs"] = 2
+    cfg["training"] = {**cfg.get("training", {}), "layers": [-1, 24, -1],
+                       "activations": ["relu", "linear"]}  # fmt: skip
+    config.write_text(json.dumps(cfg))
+    other = run_module("workflows.dqn_workflow", "--config", str(config), "--resume", timeout=240)
+    assert other.returncode == 2, other.stderr[-3000:]
+    assert f"--resume: checkpoint {checkpoint} does not fit this network" in other.stderr
+    assert "size mismatch" in other.stderr and "Traceback" not in other.stderr
+
+    checkpoint.write_bytes(checkpoint.read_bytes()[:1000])  # truncated (a full disk, a kill)
+    damaged = run_module("workflows.dqn_workflow", "--config", str(config), "--resume", timeout=240)
+    assert damaged.returncode == 2, damaged.stderr[-3000:]
+    assert f"--resume: checkpoint {checkpoint} cannot be read" in damaged.stderr
+    assert "Traceback" not in damaged.stderr
