@@ -222,6 +222,12 @@ def _generate(
     train, evaluation = build_training_table(
         steps, eval_fraction=float(eval_fraction), seed=int(seed), source=str(steps_file)
     )
+    if float(eval_fraction) > 0 and evaluation.num_rows == 0:
+        raise ConfigError(
+            f"sample_data.eval_fraction: {eval_fraction} of {summary['episodes']} episodes drew "
+            "no eval episode (episodes are split by a hash of their id); give more episodes, "
+            "or eval_fraction 0"
+        )
     write_table(steps, steps_file)
     write_table(train, train_path)
     write_table(evaluation, eval_path)

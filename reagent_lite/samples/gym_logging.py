@@ -96,7 +96,10 @@ def log_gym_episodes(
             )
         greedy = HEURISTICS[env_id]
 
-    env = gym.make(env_id, disable_env_checker=True, **(env_kwargs or {}))
+    try:
+        env = gym.make(env_id, disable_env_checker=True, **(env_kwargs or {}))
+    except gym.error.Error as err:  # unknown id, wrong version, missing extra package
+        raise ValueError(f"env {env_id!r} cannot be made by gymnasium: {err}") from err
     if not isinstance(env.action_space, spaces.Discrete):
         raise ValueError(f"{env_id}: action space must be Discrete (got {env.action_space})")
     if not isinstance(env.observation_space, spaces.Box):

@@ -57,6 +57,14 @@ def preflight(kind: str, cfg: Any, plan: LaunchPlan) -> None:
         if cfg.sample_data is not None and not Path(cfg.training_data_path).exists():
             from reagent_lite.samples.generate import generate_sample_data
 
+            if cfg.eval_data_path and Path(cfg.eval_data_path).exists():
+                raise ConfigError(
+                    f"eval_data_path: '{cfg.eval_data_path}' exists but training_data_path "
+                    f"'{cfg.training_data_path}' does not; sample_data would generate both and "
+                    "replace that file (give the training data, or point eval_data_path at a "
+                    "path that does not exist yet)"
+                )
+
             log.info(
                 "training_data_path %s does not exist: generating sample data",
                 cfg.training_data_path,

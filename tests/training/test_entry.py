@@ -34,3 +34,23 @@ def test_data_parallel_mode_sets_processes_per_node(
     assert plan.world_size == procs
     assert plan.devices[0] == "cuda:0"
     assert plan.mode == ("single" if procs == 1 else "spawn")
+
+
+def test_sample_data_never_replaces_an_existing_eval_file(tmp_path: Path) -> None:
+    """Training data missing, eval data present: generating would overwrite the user's eval
+    file with sample rows, so the run stops first, naming both paths."""
+    from reagent_lite.errors import ConfigError
+    from reagent_lite.training.entry import preflight
+
+    mine = tmp_path / "my_eval.parquet"
+    mine.write_bytes(b"the user's own eval data")
+    cfg = _cfg(
+        tmp_path,
+        training_data_path=str(tmp_path / "new" / "train.parquet"),
+        eval_data_path=str(mine),
+        sample_data={"kind": "gym", "episodes": 20},
+    )
+    with pytest.raises(ConfigError, match="eval_data_path: .* exists but training_data_path"):
+        preflight("dqn", cfg, make_plan(cfg, 0, None))
+    assert mine.read_bytes() == b"the user's own eval data"
+    assert not (tmp_path / "new" / "train.parquet").exists()
