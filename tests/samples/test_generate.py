@@ -47,7 +47,7 @@ def test_bad_sample_data_is_a_config_error(tmp_path) -> None:
     with pytest.raises(ConfigError, match="sample_data: env 'NoSuchEnv-v0' cannot be made"):
         generate_sample_data(env="NoSuchEnv-v0", output_dir=tmp_path)
     # Too few episodes for the eval split: an error, not an empty eval file.
-    with pytest.raises(ConfigError, match="sample_data.eval_fraction: 0.1 of 2 episodes"):
+    with pytest.raises(ConfigError, match=r"sample_data\.eval_fraction: 0\.1 of 2 episodes"):
         generate_sample_data(episodes=2, eval_fraction=0.1, seed=3, output_dir=tmp_path / "few")
     assert not (tmp_path / "few" / "eval.parquet").exists()
 
