@@ -177,6 +177,7 @@ class TrainingParameters(_Model):
     layer_norm: bool = Field(default=False, description="LayerNorm after each hidden linear layer.")
     warm_start_model_path: str | None = Field(
         default=None,
+        min_length=1,
         description="Checkpoint to initialise the Q-network from (relative to the working "
         "directory).",
     )
@@ -315,19 +316,24 @@ class BaseWorkflowConfig(_Model):
     """What both workflows share."""
 
     training_data_path: str = Field(
+        min_length=1,
         description="Training table: a Parquet/JSONL file or a directory of part files "
-        "(relative paths resolve against the current working directory)."
+        "(relative paths resolve against the current working directory).",
     )
     eval_data_path: str | None = Field(
-        default=None, description="Evaluation table for CPE (null = no counterfactual evaluation)."
+        default=None,
+        min_length=1,
+        description="Evaluation table for CPE (null = no counterfactual evaluation).",
     )
     state_norm_data_path: str | None = Field(
         default=None,
+        min_length=1,
         description="State normalization JSON; null = fit it from the data and write it into "
         "model_output_path.",
     )
     model_output_path: str = Field(
-        description="Output directory (model.pt2, model_meta.json, metrics, checkpoints)."
+        min_length=1,
+        description="Output directory (model.pt2, model_meta.json, metrics, checkpoints).",
     )
     use_gpu: bool = Field(
         default=True, description="Train on CUDA when available (else CPU + warning)."
@@ -533,6 +539,7 @@ class ParametricDQNWorkflowConfig(BaseWorkflowConfig):
     )
     action_norm_data_path: str | None = Field(
         default=None,
+        min_length=1,
         description="Action-feature normalization JSON; null = fit it from the data and "
         "write it into model_output_path.",
     )

@@ -148,6 +148,12 @@ def test_reward_boost_names_actions() -> None:
         ({"rendezvous_timeout_s": -1}, "rendezvous_timeout_s"),
         ({"sample_data": {"eval_fraction": 1.0}}, "sample_data.eval_fraction"),
         ({"sample_data": {"episodes": 0}}, "sample_data.episodes"),
+        # An empty path would silently mean the working directory.
+        ({"model_output_path": ""}, "model_output_path"),
+        ({"training_data_path": ""}, "training_data_path"),
+        ({"eval_data_path": ""}, "eval_data_path"),
+        ({"state_norm_data_path": ""}, "state_norm_data_path"),
+        ({"training": {"warm_start_model_path": ""}}, "training.warm_start_model_path"),
     ],
 )
 def test_ranges(change: dict[str, Any], path: str) -> None:
