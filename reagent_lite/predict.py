@@ -50,19 +50,30 @@ class Predictor:
         column = next((c for c in _STATE_COLUMNS if c in table.column_names), None)
         if column is None:
             raise DataError(f"table has no state column (expected one of {list(_STATE_COLUMNS)})")
-        values, presence = sparse_to_dense(table.column(column), self.meta["state_feature_ids"])
+        ids = self.meta["state_feature_ids"]
+        values, presence = sparse_to_dense(table.column(column), ids)
+        if len(presence) and not presence.any():
+            raise DataError(
+                f"column '{column}': no row holds any of the model's state features (ids "
+                f"{ids[:8]}{' ...' if len(ids) > 8 else ''}): is this data from another "
+                "problem or feature set?"
+            )
         return torch.from_numpy(values), torch.from_numpy(presence)
 
     @torch.no_grad()
     def score(self, table: pa.Table, batch_size: int = 65_536) -> pa.Table:
+        if batch_size < 1:
+            raise ConfigError(
+                f"--batch-size: expected a positive number of rows (got {batch_size})"
+            )
         state, presence = self._state(table)
         if self.kind == "dqn":
-            q = torch.cat(
-                [
-                    self.program(state[s : s + batch_size], presence[s : s + batch_size])
-                    for s in range(0, len(state), batch_size)
-                ]
-            ).numpy()
+            parts = [
+                self.program(state[s : s + batch_size], presence[s : s + batch_size])
+                for s in range(0, len(state), batch_size)
+            ]
+            n_actions = len(self.meta["actions"])
+            q = torch.cat(parts).numpy() if parts else np.zeros((0, n_actions), np.float32)
             actions = np.asarray(self.meta["actions"], dtype=object)
             best = actions[q.argmax(axis=1)] if len(q) else np.asarray([], dtype=object)
             return table.append_column(

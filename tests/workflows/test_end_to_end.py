@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import torch
@@ -129,6 +130,30 @@ def test_workflow_trains_exports_and_predicts(tmp_path: Path, kind: str) -> None
     assert scored.num_rows == eval_rows
     column = "best_action" if kind == "dqn" else "best_candidate"
     assert scored.column(column).null_count == 0
+    # A table of no rows scores to no rows; a bad batch size and data with none of the
+    # model's features are errors that say so.
+    eval_table = pq.read_table(tmp_path / "data" / "eval.parquet")
+    pq.write_table(eval_table.slice(0, 0), tmp_path / "none.parquet")
+    result = run_module("reagent_lite.predict", "--model", str(out), "--data",
+                        str(tmp_path / "none.parquet"), "--output", str(scored_path))  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert pq.read_table(scored_path).num_rows == 0
+    result = run_module("reagent_lite.predict", "--model", str(out), "--data",
+                        str(tmp_path / "data" / "eval.parquet"), "--output", str(scored_path),
+                        "--batch-size", "0")  # fmt: skip
+    assert result.returncode == 2 and "--batch-size" in result.stderr, result.stderr[-2000:]
+    state_col = "state_features"
+    foreign = eval_table.set_column(
+        eval_table.schema.get_field_index(state_col), state_col,
+        pa.array([[("9999", 1.0)]] * eval_table.num_rows,
+                 type=eval_table.schema.field(state_col).type),
+    )  # fmt: skip
+    pq.write_table(foreign, tmp_path / "foreign.parquet")
+    result = run_module("reagent_lite.predict", "--model", str(out), "--data",
+                        str(tmp_path / "foreign.parquet"), "--output", str(scored_path))  # fmt: skip
+    assert result.returncode == 3, result.stderr[-2000:]
+    assert "no row holds any of the model's state features" in result.stderr
+    assert "Traceback" not in result.stderr
 
 
 def test_unwritable_output_fails_before_training(tmp_path: Path) -> None:
