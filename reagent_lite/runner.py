@@ -13,7 +13,7 @@ from typing import Any, Literal
 
 from reagent_lite.cli import WorkflowArgs, configure_logging, parse_workflow_args, run_cli
 from reagent_lite.config import BaseWorkflowConfig, config_class, load_config
-from reagent_lite.errors import ConfigError, DataError
+from reagent_lite.errors import ConfigError
 
 WorkflowKind = Literal["dqn", "parametric_dqn"]
 
@@ -102,10 +102,20 @@ def _data_lines(path: str, world_size: int, cfg: BaseWorkflowConfig) -> list[str
 
 
 def _require_data(kind: WorkflowKind, cfg: BaseWorkflowConfig) -> None:
-    if not Path(cfg.training_data_path).exists() and cfg.sample_data is None:
-        raise DataError(
-            f"training_data_path: {cfg.training_data_path} does not exist and the config has "
-            "no sample_data block to generate it"
+    """What the run would refuse before training, the dry run refuses too (same codes)."""
+    from reagent_lite.training.entry import check_input_paths
+
+    missing = not Path(cfg.training_data_path).exists()
+    if missing and cfg.sample_data is None:
+        raise ConfigError(
+            f"training_data_path: '{cfg.training_data_path}' does not exist and the config "
+            "has no sample_data block to generate it"
+        )
+    check_input_paths(cfg, will_generate=missing)
+    if not _writable(Path(cfg.model_output_path)):
+        raise ConfigError(
+            f"model_output_path: '{cfg.model_output_path}' cannot be created or written "
+            "(expected a writable directory)"
         )
     from reagent_lite.data.readers import empty_like
     from reagent_lite.data.validate import check_columns
@@ -129,4 +139,4 @@ def _writable(path: Path) -> bool:
     probe = path
     while not probe.exists() and probe != probe.parent:
         probe = probe.parent
-    return os.access(probe, os.W_OK | os.X_OK)
+    return probe.is_dir() and os.access(probe, os.W_OK | os.X_OK)

@@ -76,12 +76,34 @@ def preflight(kind: str, cfg: Any, plan: LaunchPlan) -> None:
                 eval_data_path=cfg.eval_data_path,
             )
             log.info("sample data: %d training rows, %d eval rows", made.train_rows, made.eval_rows)
+    if plan.ranks[0] == 0:
+        check_input_paths(cfg, will_generate=False)
     made_by_rank_zero = cfg.sample_data is not None and plan.ranks[0] != 0
     if plan.num_nodes == 1 and not made_by_rank_zero and not Path(cfg.training_data_path).exists():
         raise ConfigError(
             f"training_data_path: '{cfg.training_data_path}' does not exist "
             "(expected a Parquet/JSONL file or directory, or a sample_data block to generate it)"
         )
+
+
+_EXPECTED = {
+    "eval_data_path": "a Parquet/JSONL file or directory",
+    "state_norm_data_path": "a normalization JSON file",
+    "action_norm_data_path": "a normalization JSON file",
+}
+
+
+def check_input_paths(cfg: Any, *, will_generate: bool) -> None:
+    """`ConfigError` naming the first optional input path that names nothing: found at
+    the start rather than after the shard is loaded. `will_generate`: sample data is still
+    to be made (it writes the eval table too)."""
+    for key, expected in _EXPECTED.items():
+        value = getattr(cfg, key, None)
+        if value is None or Path(value).exists():
+            continue
+        if key == "eval_data_path" and will_generate:
+            continue
+        raise ConfigError(f"{key}: '{value}' does not exist (expected {expected})")
 
 
 def run_training(kind: str, cfg: Any, args: Any) -> None:

@@ -141,13 +141,46 @@ def test_dry_run_prints_plan_and_exits_0(tmp_path: Path, config: str, workflow: 
     assert not (tmp_path / "outputs").exists(), "a dry run must not write anything"
 
 
-def test_dry_run_without_data_is_a_data_error(tmp_path: Path) -> None:
+def test_dry_run_without_data_is_the_runs_config_error(tmp_path: Path) -> None:
     path = tmp_path / "c.json"
     path.write_text(json.dumps(dqn(use_gpu=False)))
     proc = run_workflow(["--config", str(path), "--dry-run"], tmp_path)
-    assert proc.returncode == DataError.exit_code
+    assert proc.returncode == ConfigError.exit_code  # as the run itself: 2
     assert "MISSING" in proc.stdout
     assert "training_data_path" in proc.stderr and "Traceback" not in proc.stderr
+
+
+@pytest.mark.parametrize(
+    ("change", "key"),
+    [
+        ({"eval_data_path": "nope/eval.parquet"}, "eval_data_path"),
+        ({"state_norm_data_path": "nope/norm.json"}, "state_norm_data_path"),
+        ({"model_output_path": "a_file/out"}, "model_output_path"),
+        ({"model_output_path": "a_file"}, "model_output_path"),
+    ],
+)
+def test_dry_run_refuses_what_the_run_refuses_before_training(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], change: dict[str, str], key: str
+) -> None:
+    from reagent_lite import runner
+    from tests.data.test_ingest import ACTIONS, rows, write
+
+    good = write(tmp_path / "good.parquet", rows(20), 10)
+    (tmp_path / "a_file").write_text("a file where a directory should be")
+    cfg = dqn(
+        training_data_path=str(good),
+        model_output_path=str(tmp_path / "out"),
+        actions=ACTIONS,
+        use_gpu=False,
+    )
+    cfg.update({k: str(tmp_path / v) for k, v in change.items()})
+    path = tmp_path / "c.json"
+    path.write_text(json.dumps(cfg))
+    with pytest.raises(SystemExit) as info:
+        runner.main("dqn", ["--config", str(path), "--dry_run"])
+    assert info.value.code == ConfigError.exit_code
+    assert f"{key}: '{cfg[key]}'" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
 
 
 def test_horizon_config_warns_about_ignored_keys(tmp_path: Path) -> None:
