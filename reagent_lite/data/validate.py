@@ -255,6 +255,12 @@ def _name_rows(
             else:  # 0/1 masks: one entry per action (an empty list = no action possible)
                 lengths = pc.list_value_length(chunk).fill_null(0).to_numpy(zero_copy_only=False)
                 bad[start : start + len(chunk)] |= (lengths != len(actions)) & (lengths != 0)
+                # ... and each entry 0 or 1 (a 2, a −1 or a null is a broken mask)
+                values = names.to_numpy(zero_copy_only=False)
+                off_mask = ~np.isin(values, (0, 1)) | np.asarray(names.is_null())
+                if off_mask.any():
+                    parent = pc.list_parent_indices(chunk).to_numpy(zero_copy_only=False)
+                    bad[parent[off_mask] + start] = True
             start += len(chunk)
         return bad
     if _t.is_null(col.type):
@@ -362,7 +368,8 @@ def _row_checks(
                 add(
                     name,
                     _name_rows(col(name), actions, n, allow_empty=True),
-                    f"unknown action name, or a mask whose length is not {len(actions)}",
+                    f"unknown action name, or a mask whose length is not {len(actions)} "
+                    "or whose entries are not all 0 or 1",
                 )
     else:
         add("action", _bools(col("action").is_null()), "no action (null map)")

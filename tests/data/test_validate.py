@@ -195,6 +195,14 @@ def test_mask_of_wrong_length() -> None:
     rows[5]["possible_actions"] = [1, 0, 1]
     msg = _error(pa.Table.from_pylist(rows, schema=schema))
     _assert_names(msg, "possible_actions", 1)
+    # Entries other than 0 and 1 (a count, a −1, a null) are broken masks too.
+    rows[5]["possible_actions"] = [1, 1]
+    rows[1]["possible_actions"] = [2, 1]
+    rows[3]["possible_actions"] = [1, -1]
+    rows[4]["possible_actions"] = [None, 1]
+    msg = _error(pa.Table.from_pylist(rows, schema=schema))
+    _assert_names(msg, "possible_actions", 3)
+    assert "not all 0 or 1" in msg
 
 
 def test_propensity_out_of_range() -> None:
