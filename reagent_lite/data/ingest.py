@@ -38,7 +38,7 @@ from reagent_lite.data.shard_builder import (
     ShardBuilder,
     reorder_columns,
 )
-from reagent_lite.data.validate import ShardValidation, ValidationReport
+from reagent_lite.data.validate import ShardValidation, ValidationReport, tag_file
 from reagent_lite.errors import DataError
 
 # ----------------------------------------------------------------------------- batches
@@ -49,7 +49,13 @@ ACTION_NAME_COLUMNS = ("action", "next_action", "possible_actions", "possible_ne
 
 
 def _piece_batches(piece: ShardPiece) -> Iterator[pa.Table]:
-    """One shard piece as tables of at most a row group each (JSON Lines: the whole piece)."""
+    """One shard piece as tables of at most a row group each (JSON Lines: the whole piece),
+    each tagged with its file (`validate.tag_file`: errors name the part file)."""
+    for table in _untagged_piece_batches(piece):
+        yield tag_file(table, piece.file)
+
+
+def _untagged_piece_batches(piece: ShardPiece) -> Iterator[pa.Table]:
     if file_format(piece.file) != "parquet":
         yield read_piece(piece)  # JSON Lines is parsed whole
         return

@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
@@ -59,13 +60,30 @@ class Problem:
     what: str
     example_row: int
     example: str
+    example_file: str | None = None  # the part file of the example row, when not `source`
 
     def message(self, source: str) -> str:
         rows = "row" if self.count == 1 else "rows"
+        where = f"row {self.example_row}"
+        if self.example_file and self.example_file not in source:
+            where += f" of the shard, in {self.example_file}"
         return (
             f"{source}: column '{self.column}': {self.count} bad {rows}: {self.what}"
-            f" (e.g. row {self.example_row}: {self.example})"
+            f" (e.g. {where}: {self.example})"
         )
+
+
+_FILE_KEY = b"reagent_lite.file"
+
+
+def tag_file(table: pa.Table, file: str | Path) -> pa.Table:
+    """`table` marked as read from `file` (schema metadata), for error messages."""
+    return table.replace_schema_metadata({**(table.schema.metadata or {}), _FILE_KEY: str(file)})
+
+
+def _file_of(table: pa.Table) -> str | None:
+    raw = (table.schema.metadata or {}).get(_FILE_KEY)
+    return raw.decode() if raw else None
 
 
 @dataclass
@@ -409,7 +427,7 @@ class ShardValidation:
         self.drop_bad_rows = drop_bad_rows
         self.rows_in = 0
         self.rows_out = 0
-        # (column, what) → [bad rows, first bad row in the shard, its value]
+        # (column, what) → [bad rows, first bad row in the shard, its value, its file]
         self._found: dict[tuple[str, str], list[Any]] = {}
 
     def check(self, table: pa.Table) -> pa.Table:
@@ -427,7 +445,12 @@ class ShardValidation:
             entry = self._found.get((column, what))
             if entry is None:
                 row, example = _example(table, column, mask)
-                self._found[(column, what)] = [int(mask.sum()), row + self.rows_in, example]
+                self._found[(column, what)] = [
+                    int(mask.sum()),
+                    row + self.rows_in,
+                    example,
+                    _file_of(table),
+                ]
             else:
                 entry[0] += int(mask.sum())
         self.rows_in += n
@@ -449,8 +472,8 @@ class ShardValidation:
                 f"{source}: no rows (empty table, or an empty shard: more ranks than rows?)"
             )
         problems = [
-            Problem(column, count, what, row, example)
-            for (column, what), (count, row, example) in self._found.items()
+            Problem(column, count, what, row, example, file)
+            for (column, what), (count, row, example, file) in self._found.items()
         ]
         if problems and not self.drop_bad_rows:
             raise DataError("\n".join(p.message(source) for p in problems))

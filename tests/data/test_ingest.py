@@ -210,3 +210,22 @@ def test_dictionary_lookups_equal_plain_strings(size: int) -> None:
     np.testing.assert_array_equal(
         _bad_key_entries(valid.dictionary_encode()), _bad_key_entries(valid)
     )
+
+
+def test_an_error_in_a_directory_of_part_files_names_the_part(tmp_path: Path) -> None:
+    """The data path is a directory: the bad row's file is named beside the shard's row."""
+    parts = tmp_path / "train"
+    parts.mkdir()
+    write(parts / "part-0.parquet", rows(10), 10)
+    bad = rows(10, seed=1)
+    bad[3]["action_probability"] = -1.0
+    write(parts / "part-1.parquet", bad, 10)
+    with pytest.raises(DataError) as err:
+        ingest_discrete(parts, [(0, 1)], ACTIONS)
+    msg = str(err.value)
+    assert f"{parts}: column 'action_probability': 1 bad row" in msg
+    assert f"row 13 of the shard, in {parts / 'part-1.parquet'}" in msg
+    # One file: the message as before (the source is the file).
+    with pytest.raises(DataError) as one:
+        ingest_discrete(parts / "part-1.parquet", [(0, 1)], ACTIONS)
+    assert "(e.g. row 3: -1.0)" in str(one.value)
