@@ -292,6 +292,9 @@ def _grad_sync_worker(rank: int, init: str, out: str) -> None:
                 )
             finals.append(torch.cat([p.detach().reshape(-1) for p in net.parameters()]))
         torch.save(finals, f"{out}/rank{rank}.pt")
+        # Both ranks done with every collective before either tears the group down: gloo
+        # aborts the process (std::terminate) when it is destroyed under a peer's traffic.
+        dist.barrier()
     finally:
         dist.destroy_process_group()
 
