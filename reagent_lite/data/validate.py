@@ -49,6 +49,7 @@ REQUIRED: tuple[str | tuple[str, ...], ...] = (
     "action_probability",
 )
 OPTIONAL = ("time_diff", "terminal", "metrics")
+REPEATED_ID = "one feature id twice in the same map (which value is meant?)"
 
 
 @dataclass(frozen=True)
@@ -209,15 +210,71 @@ def _bad_key_entries(keys: pa.Array) -> np.ndarray:
     return ~_bools(pc.match_substring_regex(keys, r"^[0-9]+$"))
 
 
-def _map_rows(col: pa.ChunkedArray, n: int, nested: bool) -> tuple[np.ndarray, np.ndarray]:
-    """(rows with a non-finite value, rows with a malformed feature id) of a map column, or of
-    a list<map> column with `nested`."""
-    bad_val, bad_key = np.zeros(n, bool), np.zeros(n, bool)
+def _id_order(value: str) -> tuple[int, int | str, str]:
+    """Sort key of a feature id: integer ids in numeric order (as writers sort them), then
+    anything else; distinct strings ("7", "07") stay distinct."""
+    return (0, int(value), value) if value.isascii() and value.isdigit() else (1, value, value)
+
+
+def _key_codes(keys: pa.Array) -> np.ndarray:
+    """An integer per map key, equal exactly where the keys are equal (as strings or as
+    integers, whichever the column holds) and ordered as the ids sort (`_id_order`)."""
+    if _t.is_integer(keys.type):
+        return np.asarray(keys.cast(pa.int64(), safe=False).to_numpy(zero_copy_only=False))
+    if not _t.is_dictionary(keys.type):
+        keys = pc.dictionary_encode(keys)
+    words = [str(w) for w in keys.dictionary.to_pylist()]
+    rank = {w: r for r, w in enumerate(sorted(set(words), key=_id_order))}
+    codes = dictionary_codes(keys)
+    return np.array([rank[w] for w in words], np.int64)[codes] if words else codes
+
+
+def _maps_repeating_a_key(maps: pa.MapArray) -> np.ndarray:
+    """Indices of the maps in `maps` that hold a feature id twice (Arrow's map type allows
+    it; the dense tensors could keep only one of the values)."""
+    offsets = maps.offsets.to_numpy()
+    lo, hi = int(offsets[0]), int(offsets[-1])
+    if hi - lo < 2:
+        return np.zeros(0, np.int64)
+    # Fast check: keys strictly increasing within every map → no repeats (writers usually
+    # emit each row's keys sorted; a repeated key can never be strictly increasing).
+    codes = _key_codes(maps.keys.slice(lo, hi - lo))
+    rising = codes[1:] > codes[:-1]
+    starts = offsets[1:-1] - lo  # first entry of every map but the first
+    starts = starts[(starts > 0) & (starts < len(codes))]
+    rising[starts - 1] = True
+    if rising.all():
+        return np.zeros(0, np.int64)
+    # Exact: sort the (map, key) pairs and look for equal neighbours. Entries that a null
+    # map slot owns do not count.
+    rows, keys, _ = map_entries(maps)
+    codes = _key_codes(keys)
+    order = np.lexsort((codes, rows))
+    rows, codes = rows[order], codes[order]
+    same = (rows[1:] == rows[:-1]) & (codes[1:] == codes[:-1])
+    return np.unique(rows[1:][same])
+
+
+def _map_rows(
+    col: pa.ChunkedArray, n: int, nested: bool
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(rows with a non-finite value, rows with a malformed feature id, rows with a feature
+    id repeated within one map) of a map column, or of a list<map> column with `nested`."""
+    bad_val, bad_key, bad_dup = np.zeros(n, bool), np.zeros(n, bool), np.zeros(n, bool)
     start = 0
     for chunk in col.chunks:
-        maps, parent = chunk, None
-        if nested:
-            maps = chunk.flatten()
+        maps = chunk.flatten() if nested else chunk
+
+        def row_of(
+            map_index: np.ndarray, chunk: pa.Array = chunk, start: int = start
+        ) -> np.ndarray:
+            """Row in the table of each map index of `maps`."""
+            if not nested or not len(map_index):
+                return map_index + start
+            parent = pc.list_parent_indices(chunk).to_numpy(zero_copy_only=False)
+            return parent[map_index] + start
+
+        bad_dup[row_of(_maps_repeating_a_key(maps))] = True
         if not maps.null_count:
             # Check the entries first; rows are only worked out when some entry is bad.
             lo, hi = maps.offsets[0].as_py(), maps.offsets[-1].as_py()
@@ -227,15 +284,11 @@ def _map_rows(col: pa.ChunkedArray, n: int, nested: bool) -> tuple[np.ndarray, n
             ):
                 start += len(chunk)
                 continue
-        if nested:
-            parent = pc.list_parent_indices(chunk).to_numpy(zero_copy_only=False)
-        rows, keys, items = map_entries(maps)
-        if parent is not None:
-            rows = parent[rows]
-        bad_val[rows[_nonfinite(items)] + start] = True
-        bad_key[rows[_bad_key_entries(keys)] + start] = True
+        entry_map, keys, items = map_entries(maps)
+        bad_val[row_of(entry_map[_nonfinite(items)])] = True
+        bad_key[row_of(entry_map[_bad_key_entries(keys)])] = True
         start += len(chunk)
-    return bad_val, bad_key
+    return bad_val, bad_key, bad_dup
 
 
 def _dense_rows(col: pa.ChunkedArray) -> tuple[np.ndarray, np.ndarray]:
@@ -356,9 +409,10 @@ def _row_checks(
     for canon in ("state_features", "next_state_features"):
         name = cols[canon]
         if name.endswith("_features"):
-            bad_val, bad_key = _map_rows(col(name), n, nested=False)
+            bad_val, bad_key, bad_dup = _map_rows(col(name), n, nested=False)
             add(name, bad_val, "null, NaN or infinite feature value")
             add(name, bad_key, "feature id is not a non-negative integer string")
+            add(name, bad_dup, REPEATED_ID)
         else:
             bad_val, bad_len = _dense_rows(col(name))
             add(name, bad_val, "null list, or NaN or infinite feature value")
@@ -393,14 +447,16 @@ def _row_checks(
         add("action", _bools(col("action").is_null()), "no action (null map)")
         for name in ("action", "next_action"):
             if _t.is_map(table.schema.field(name).type):
-                bad_val, bad_key = _map_rows(col(name), n, nested=False)
+                bad_val, bad_key, bad_dup = _map_rows(col(name), n, nested=False)
                 add(name, bad_val, "null, NaN or infinite feature value")
                 add(name, bad_key, "feature id is not a non-negative integer string")
+                add(name, bad_dup, REPEATED_ID)
         for name in ("possible_actions", "possible_next_actions"):
             if not _t.is_null(table.schema.field(name).type.value_type):
-                bad_val, bad_key = _map_rows(col(name), n, nested=True)
+                bad_val, bad_key, bad_dup = _map_rows(col(name), n, nested=True)
                 add(name, bad_val, "null, NaN or infinite candidate feature value")
                 add(name, bad_key, "candidate feature id is not a non-negative integer string")
+                add(name, bad_dup, "a candidate's map names one feature id twice")
     return checks
 
 

@@ -10,7 +10,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from reagent_lite.data.readers import read_table
-from reagent_lite.data.validate import validate
+from reagent_lite.data.validate import _map_rows, validate
 from reagent_lite.errors import DataError
 
 ACTIONS = ["left", "right"]
@@ -259,3 +259,50 @@ def test_file_name_from_a_real_file(tmp_path: Any) -> None:
     pq.write_table(dqn_table(rows), path)
     with pytest.raises(DataError, match=r"bad\.parquet: column 'reward': 1 bad row"):
         validate(read_table(path), "dqn", actions=ACTIONS, source=str(path))
+
+
+def test_feature_id_twice_in_one_map() -> None:
+    """Arrow's map type allows a key twice in one map (Python dicts cannot say it; lists of
+    pairs can). Which value was meant is unknowable, so the row is bad — in any key order,
+    and in a candidate's map too."""
+    rows: list[dict[str, Any]] = dqn_rows()
+    rows[1]["state_features"] = [("0", 1.0), ("2", 0.5), ("0", 2.0)]
+    rows[4]["next_state_features"] = [("3", 1.0), ("3", 1.0)]
+    rows[5]["state_features"] = [("2", 1.0), ("1", 0.5)]  # out of order, no repeat: fine
+    msg = _error(dqn_table(rows))
+    _assert_names(msg, "state_features", 1)
+    _assert_names(msg, "next_state_features", 1)
+    assert "twice" in msg and "row 1" in msg and "row 4" in msg
+    table, report = validate(
+        dqn_table(rows), "dqn", actions=ACTIONS, source="f", drop_bad_rows=True
+    )
+    assert table.num_rows == 4 and report.rows_dropped == 2
+
+    prm = parametric_rows()
+    prm[2]["possible_actions"] = [{"10": 1.0}, [("11", 0.0), ("10", 1.0), ("11", 1.0)]]
+    prm[3]["action"] = [("10", 1.0), ("10", 0.0)]
+    msg = _error(parametric_table(prm), "parametric_dqn")
+    _assert_names(msg, "possible_actions", 1)
+    _assert_names(msg, "action", 1)
+    assert "row 2" in msg and "row 3" in msg
+
+
+@pytest.mark.parametrize(
+    "key_type", [pa.dictionary(pa.int32(), pa.string()), pa.int64(), pa.string()]
+)
+def test_repeated_feature_id_found_for_every_key_type(key_type: pa.DataType) -> None:
+    """Keys as read from Parquet (dictionary-encoded), integer keys and plain strings. A
+    null map slot may own entries in Arrow; its repeats do not count."""
+    keys = [0, 1, 1, 0, 5, 0, 5, 7, 7]  # maps: [0 1] [1 0] [5 0 5] null:[7 7] []
+    offsets = pa.array([0, 2, 4, 7, 9, 9], pa.int32())
+    items = pa.array([float(i) for i in range(len(keys))])
+    if pa.types.is_integer(key_type):
+        key_arr = pa.array(keys, key_type)
+    else:
+        key_arr = pa.array([str(k) for k in keys]).cast(key_type)
+    null = pa.array([False, False, False, True, False])
+    maps = pa.MapArray.from_arrays(offsets, key_arr, items, mask=null)
+    assert maps.type.key_type == key_type and maps.null_count == 1
+    bad_val, bad_key, bad_dup = _map_rows(pa.chunked_array([maps]), len(maps), nested=False)
+    assert bad_dup.tolist() == [False, False, True, False, False]
+    assert not bad_val.any() and not bad_key.any()
