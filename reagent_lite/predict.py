@@ -23,6 +23,7 @@ import torch
 
 from reagent_lite.data.readers import read_table
 from reagent_lite.data.tensorize import candidates_to_dense, max_candidates_in, sparse_to_dense
+from reagent_lite.data.validate import check_feature_column
 from reagent_lite.errors import ConfigError, DataError, ReagentLiteError
 from reagent_lite.io_utils import atomic_write
 
@@ -46,10 +47,11 @@ class Predictor:
         self.kind: str = self.meta["workflow"]
         self.program = torch.export.load(str(model_path)).module()
 
-    def _state(self, table: pa.Table) -> tuple[torch.Tensor, torch.Tensor]:
+    def _state(self, table: pa.Table, source: str) -> tuple[torch.Tensor, torch.Tensor]:
         column = next((c for c in _STATE_COLUMNS if c in table.column_names), None)
         if column is None:
             raise DataError(f"table has no state column (expected one of {list(_STATE_COLUMNS)})")
+        check_feature_column(table, column, source)
         ids = self.meta["state_feature_ids"]
         values, presence = sparse_to_dense(table.column(column), ids)
         if len(presence) and not presence.any():
@@ -61,12 +63,13 @@ class Predictor:
         return torch.from_numpy(values), torch.from_numpy(presence)
 
     @torch.no_grad()
-    def score(self, table: pa.Table, batch_size: int = 65_536) -> pa.Table:
+    def score(self, table: pa.Table, batch_size: int = 65_536, source: str = "data") -> pa.Table:
+        """`table` with the scores appended; `source` names it in errors."""
         if batch_size < 1:
             raise ConfigError(
                 f"--batch-size: expected a positive number of rows (got {batch_size})"
             )
-        state, presence = self._state(table)
+        state, presence = self._state(table, source)
         if self.kind == "dqn":
             parts = [
                 self.program(state[s : s + batch_size], presence[s : s + batch_size])
@@ -81,6 +84,7 @@ class Predictor:
             ).append_column("best_action", pa.array(best.tolist(), type=pa.string()))
         if "possible_actions" not in table.column_names:
             raise DataError("table has no 'possible_actions' column (the candidates to rank)")
+        check_feature_column(table, "possible_actions", source)
         k = max_candidates_in(table)
         cands, cand_presence, mask = candidates_to_dense(
             table.column("possible_actions"), self.meta["action_feature_ids"], k
@@ -126,7 +130,9 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     try:
         predictor = Predictor(args.model)
-        scored = predictor.score(read_table(args.data), batch_size=args.batch_size)
+        scored = predictor.score(
+            read_table(args.data), batch_size=args.batch_size, source=args.data
+        )
         atomic_write(Path(args.output), lambda tmp: pq.write_table(scored, tmp))
     except ReagentLiteError as err:
         print(f"error: {err}", file=sys.stderr)

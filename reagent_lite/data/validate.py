@@ -561,3 +561,40 @@ def validate(
     v = ShardValidation(kind, actions=actions, source=source, drop_bad_rows=drop_bad_rows)
     table = v.check(table)
     return table, v.finish()
+
+
+def check_feature_column(table: pa.Table, column: str, source: str) -> None:
+    """`DataError` unless every row of a feature column — a sparse map, a dense list, or a
+    list of candidate maps — holds finite values under well-formed ids, each id at most
+    once per map: the training rules, for tables that are scored rather than trained on
+    (`reagent_lite.predict`), where a NaN would become a silent NaN score."""
+    col, n = table.column(column), table.num_rows
+    ctype = col.type
+    if _t.is_null(ctype) or (_is_list(ctype) and _t.is_null(ctype.value_type)):
+        return  # JSON Lines columns empty throughout: nothing to check
+    if _t.is_map(ctype) or (_is_list(ctype) and _is_feature_map(ctype.value_type)):
+        nested = not _t.is_map(ctype)
+        bad_val, bad_key, bad_dup = _map_rows(col, n, nested=nested)
+        masks = [
+            (bad_val, "null, NaN or infinite feature value"),
+            (bad_key, "feature id is not a non-negative integer string"),
+            (bad_dup, "a candidate's map names one feature id twice" if nested else REPEATED_ID),
+        ]
+    elif _is_dense(ctype):
+        bad_val, bad_len = _dense_rows(col)
+        masks = [
+            (bad_val, "null list, or NaN or infinite feature value"),
+            (bad_len, "dense feature list of a different length than the first row's"),
+        ]
+    else:
+        raise DataError(
+            f"{source}: column '{column}' has type {ctype}; expected a map of feature id → "
+            "number, a list of numbers, or a list of such maps"
+        )
+    problems = []
+    for mask, what in masks:
+        if mask.any():
+            row, text = _example(table, column, mask)
+            problems.append(Problem(column, int(mask.sum()), what, row, text))
+    if problems:
+        raise DataError("\n".join(p.message(source) for p in problems))

@@ -10,7 +10,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from reagent_lite.data.readers import read_table
-from reagent_lite.data.validate import _map_rows, validate
+from reagent_lite.data.validate import _map_rows, check_feature_column, validate
 from reagent_lite.errors import DataError
 
 ACTIONS = ["left", "right"]
@@ -306,3 +306,27 @@ def test_repeated_feature_id_found_for_every_key_type(key_type: pa.DataType) -> 
     bad_val, bad_key, bad_dup = _map_rows(pa.chunked_array([maps]), len(maps), nested=False)
     assert bad_dup.tolist() == [False, False, True, False, False]
     assert not bad_val.any() and not bad_key.any()
+
+
+def test_check_feature_column_for_scored_tables() -> None:
+    """What `predict` checks: the training rules for feature columns alone."""
+    rows = dqn_rows()
+    check_feature_column(dqn_table(rows), "state_features", "s.parquet")  # valid: no error
+    rows[2]["state_features"] = {"0": math.nan, "1": 1.0}
+    rows[3]["state_features"] = [("1", 1.0), ("1", 2.0)]
+    with pytest.raises(DataError) as exc:
+        check_feature_column(dqn_table(rows), "state_features", "s.parquet")
+    msg = str(exc.value)
+    assert "s.parquet: column 'state_features': 1 bad row: null, NaN" in msg
+    assert "row 2" in msg and "row 3" in msg and "twice" in msg
+
+    dense = pa.table({"state": pa.array([[1.0, 2.0], [math.inf, 0.0], [1.0, 2.0]])})
+    with pytest.raises(DataError, match=r"column 'state': 1 bad row: .*NaN or infinite.*row 1"):
+        check_feature_column(dense, "state", "s")
+    prm = parametric_rows()
+    prm[1]["possible_actions"] = [{"10": 1.0}, {"10": math.nan}]
+    with pytest.raises(DataError, match=r"'possible_actions': 1 bad row.*row 1"):
+        check_feature_column(parametric_table(prm), "possible_actions", "s")
+    with pytest.raises(DataError, match="expected a map of feature id"):
+        check_feature_column(pa.table({"state": pa.array(["a", "b"])}), "state", "s")
+    check_feature_column(pa.table({"state": pa.nulls(3)}), "state", "s")  # JSON all-null
