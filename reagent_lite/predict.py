@@ -84,7 +84,7 @@ class Predictor:
             ).append_column("best_action", pa.array(best.tolist(), type=pa.string()))
         if "possible_actions" not in table.column_names:
             raise DataError("table has no 'possible_actions' column (the candidates to rank)")
-        check_feature_column(table, "possible_actions", source)
+        check_feature_column(table, "possible_actions", source, candidates=True)
         k = max_candidates_in(table)
         cands, cand_presence, mask = candidates_to_dense(
             table.column("possible_actions"), self.meta["action_feature_ids"], k

@@ -65,6 +65,13 @@ def _row_slices(col: ArrowColumn, rows: int) -> Iterator[tuple[int, pa.Array]]:
             yield start + s, chunk.slice(s, rows)
 
 
+def flat_parents(lists: pa.Array) -> np.ndarray:
+    """Row of each element of `lists.flatten()`. (`pc.list_parent_indices` also counts
+    elements that a null list slot owns, which `flatten` leaves out.)"""
+    lengths = pc.list_value_length(lists).fill_null(0).to_numpy(zero_copy_only=False)
+    return np.repeat(np.arange(len(lists), dtype=np.int64), lengths)
+
+
 def map_entries(arr: pa.MapArray) -> tuple[np.ndarray, pa.Array, pa.Array]:
     """(row index per entry int64 [E], keys [E], items [E]) of a map array, honouring slices
     and null rows (a null map is an empty one)."""
@@ -331,7 +338,7 @@ def _actions_mask(col: ArrowColumn, actions: Sequence[str], source: str) -> np.n
             or pa.types.is_dictionary(vtype)
         ):
             idx = string_index(chunk.flatten(), actions)
-            flat = pc.list_parent_indices(chunk).to_numpy(zero_copy_only=False) + start
+            flat = flat_parents(chunk) + start
             flat = flat * A + idx
             mask.reshape(-1)[flat[idx >= 0] if (idx < 0).any() else flat] = 1.0
         else:

@@ -11,7 +11,7 @@ Every row check is a vectorised pyarrow/numpy pass; no Python loop over rows.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -25,6 +25,7 @@ from reagent_lite.data.tensorize import (
     NAME_EMPTY,
     NAME_NULL,
     dictionary_codes,
+    flat_parents,
     map_entries,
     small_string_dictionary,
     string_index,
@@ -210,23 +211,52 @@ def _bad_key_entries(keys: pa.Array) -> np.ndarray:
     return ~_bools(pc.match_substring_regex(keys, r"^[0-9]+$"))
 
 
-def _id_order(value: str) -> tuple[int, int | str, str]:
-    """Sort key of a feature id: integer ids in numeric order (as writers sort them), then
-    anything else; distinct strings ("7", "07") stay distinct."""
-    return (0, int(value), value) if value.isascii() and value.isdigit() else (1, value, value)
+def _key_codes(keys: pa.Array) -> tuple[np.ndarray, pa.Array]:
+    """(code per map key, the distinct keys): codes index the distinct keys, so they are
+    equal exactly where the keys are equal (as strings or integers, as the column holds)."""
+    if _t.is_dictionary(keys.type):
+        codes = dictionary_codes(keys)
+        canon = pc.dictionary_encode(keys.dictionary)  # Arrow allows a value twice in one
+        if len(canon.dictionary) < len(keys.dictionary):
+            codes = canon.indices.to_numpy(zero_copy_only=False)[codes]
+        return codes, canon.dictionary
+    encoded = pc.dictionary_encode(keys)
+    return np.asarray(encoded.indices.to_numpy(zero_copy_only=False)), encoded.dictionary
 
 
-def _key_codes(keys: pa.Array) -> np.ndarray:
-    """An integer per map key, equal exactly where the keys are equal (as strings or as
-    integers, whichever the column holds) and ordered as the ids sort (`_id_order`)."""
-    if _t.is_integer(keys.type):
-        return np.asarray(keys.cast(pa.int64(), safe=False).to_numpy(zero_copy_only=False))
-    if not _t.is_dictionary(keys.type):
-        keys = pc.dictionary_encode(keys)
-    words = [str(w) for w in keys.dictionary.to_pylist()]
-    rank = {w: r for r, w in enumerate(sorted(set(words), key=_id_order))}
-    codes = dictionary_codes(keys)
-    return np.array([rank[w] for w in words], np.int64)[codes] if words else codes
+def _id_ranks(distinct: pa.Array) -> Iterator[np.ndarray]:
+    """Rank of each distinct key in the orders writers sort feature ids in: numeric (ties
+    such as "7" / "07" broken by the string), then, for strings, as strings."""
+    orders = []
+    if _t.is_integer(distinct.type):
+        orders.append([(distinct, "ascending")])
+    else:
+        try:
+            numbers = pc.cast(distinct, pa.int64())
+            orders.append([(numbers, "ascending"), (distinct, "ascending")])
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+            pass
+        orders.append([(distinct, "ascending")])
+    for keys in orders:
+        table = pa.table({str(i): k for i, (k, _) in enumerate(keys)})
+        order = pc.sort_indices(table, sort_keys=[(str(i), d) for i, (_, d) in enumerate(keys)])
+        rank = np.empty(len(distinct), np.int64)
+        rank[order.to_numpy()] = np.arange(len(distinct), dtype=np.int64)
+        yield rank
+
+
+def _rising_in_every_map(codes: np.ndarray, offsets: np.ndarray) -> bool:
+    """Codes (of the entries offsets[0]:offsets[-1]) strictly increasing within every map:
+    then no map repeats a key."""
+    rising = codes[1:] > codes[:-1]
+    starts = offsets[1:-1] - offsets[0]  # first entry of every map but the first
+    rising[starts[(starts > 0) & (starts < len(codes))] - 1] = True
+    return bool(rising.all())
+
+
+# Up to this many (map, distinct key) cells, repeats are counted on a dense bitmap: O(cells
+# + entries) whatever the key order; above it, entries are sorted.
+_BITMAP_CELLS = 1 << 25
 
 
 def _maps_repeating_a_key(maps: pa.MapArray) -> np.ndarray:
@@ -236,23 +266,32 @@ def _maps_repeating_a_key(maps: pa.MapArray) -> np.ndarray:
     lo, hi = int(offsets[0]), int(offsets[-1])
     if hi - lo < 2:
         return np.zeros(0, np.int64)
-    # Fast check: keys strictly increasing within every map → no repeats (writers usually
-    # emit each row's keys sorted; a repeated key can never be strictly increasing).
-    codes = _key_codes(maps.keys.slice(lo, hi - lo))
-    rising = codes[1:] > codes[:-1]
-    starts = offsets[1:-1] - lo  # first entry of every map but the first
-    starts = starts[(starts > 0) & (starts < len(codes))]
-    rising[starts - 1] = True
-    if rising.all():
+    # Cheap first: keys in one order in every row (the order of first appearance, numeric
+    # or string order) cannot repeat within a row. Ranks cost a sort of the distinct keys,
+    # so only where they are few against the entries.
+    codes, distinct = _key_codes(maps.keys.slice(lo, hi - lo))
+    if _rising_in_every_map(codes, offsets):
         return np.zeros(0, np.int64)
-    # Exact: sort the (map, key) pairs and look for equal neighbours. Entries that a null
-    # map slot owns do not count.
-    rows, keys, _ = map_entries(maps)
-    codes = _key_codes(keys)
-    order = np.lexsort((codes, rows))
-    rows, codes = rows[order], codes[order]
-    same = (rows[1:] == rows[:-1]) & (codes[1:] == codes[:-1])
-    return np.unique(rows[1:][same])
+    if len(distinct) * 4 <= len(codes) and any(
+        _rising_in_every_map(rank[codes], offsets) for rank in _id_ranks(distinct)
+    ):
+        return np.zeros(0, np.int64)
+    # Exact. Entries that a null map slot owns do not count.
+    if maps.null_count:
+        rows, keys, _ = map_entries(maps)
+        codes, distinct = _key_codes(keys)
+    else:
+        rows = np.repeat(np.arange(len(maps), dtype=np.int64), np.diff(offsets))
+    width = len(distinct)
+    cell = rows * width + codes.astype(np.int64)
+    if len(maps) * width <= _BITMAP_CELLS:
+        seen = np.zeros(len(maps) * width, bool)
+        seen[cell] = True
+        if np.count_nonzero(seen) == len(cell):
+            return np.zeros(0, np.int64)
+    cell.sort()  # rows ascending, then codes: a repeat is an equal neighbour
+    repeated = cell[1:][cell[1:] == cell[:-1]]
+    return np.unique(repeated // width)
 
 
 def _map_rows(
@@ -271,8 +310,7 @@ def _map_rows(
             """Row in the table of each map index of `maps`."""
             if not nested or not len(map_index):
                 return map_index + start
-            parent = pc.list_parent_indices(chunk).to_numpy(zero_copy_only=False)
-            return parent[map_index] + start
+            return flat_parents(chunk)[map_index] + start
 
         bad_dup[row_of(_maps_repeating_a_key(maps))] = True
         if not maps.null_count:
@@ -299,7 +337,7 @@ def _dense_rows(col: pa.ChunkedArray) -> tuple[np.ndarray, np.ndarray]:
     start = 0
     for chunk in col.chunks:
         if len(chunk):
-            parent = pc.list_parent_indices(chunk).to_numpy(zero_copy_only=False)
+            parent = flat_parents(chunk)
             bad_val[parent[_nonfinite(chunk.flatten())] + start] = True
         start += len(chunk)
     lengths = np.nan_to_num(lengths.astype(np.float64), nan=-1)
@@ -319,7 +357,7 @@ def _name_rows(
         for chunk in col.chunks:
             names = chunk.flatten()
             if _is_str(names.type):
-                parent = pc.list_parent_indices(chunk).to_numpy(zero_copy_only=False)
+                parent = flat_parents(chunk)
                 unknown = string_index(names, actions) < 0
                 if unknown.any():
                     bad[parent[unknown] + start] = True
@@ -330,7 +368,7 @@ def _name_rows(
                 values = names.to_numpy(zero_copy_only=False)
                 off_mask = ~np.isin(values, (0, 1)) | np.asarray(names.is_null())
                 if off_mask.any():
-                    parent = pc.list_parent_indices(chunk).to_numpy(zero_copy_only=False)
+                    parent = flat_parents(chunk)
                     bad[parent[off_mask] + start] = True
             start += len(chunk)
         return bad
@@ -563,17 +601,30 @@ def validate(
     return table, v.finish()
 
 
-def check_feature_column(table: pa.Table, column: str, source: str) -> None:
-    """`DataError` unless every row of a feature column — a sparse map, a dense list, or a
-    list of candidate maps — holds finite values under well-formed ids, each id at most
-    once per map: the training rules, for tables that are scored rather than trained on
-    (`reagent_lite.predict`), where a NaN would become a silent NaN score."""
+def check_feature_column(
+    table: pa.Table, column: str, source: str, *, candidates: bool = False
+) -> None:
+    """`DataError` unless every row of a feature column holds finite values under
+    well-formed ids, each id at most once per map: the training rules, for tables that are
+    scored rather than trained on (`reagent_lite.predict`), where a NaN would become a
+    silent NaN score. A state column is a sparse map or a dense list of numbers; with
+    `candidates`, the column is a list of candidate maps."""
     col, n = table.column(column), table.num_rows
     ctype = col.type
     if _t.is_null(ctype) or (_is_list(ctype) and _t.is_null(ctype.value_type)):
         return  # JSON Lines columns empty throughout: nothing to check
-    if _t.is_map(ctype) or (_is_list(ctype) and _is_feature_map(ctype.value_type)):
-        nested = not _t.is_map(ctype)
+    nested = _is_list(ctype) and _is_feature_map(ctype.value_type)
+    if candidates and not nested:
+        raise DataError(
+            f"{source}: column '{column}' has type {ctype}; expected a list of candidate "
+            "maps (feature id → number)"
+        )
+    if nested and not candidates:
+        raise DataError(
+            f"{source}: column '{column}' has type {ctype}; expected a map of feature id → "
+            "number or a list of numbers"
+        )
+    if nested or _is_feature_map(ctype):
         bad_val, bad_key, bad_dup = _map_rows(col, n, nested=nested)
         masks = [
             (bad_val, "null, NaN or infinite feature value"),
@@ -589,7 +640,7 @@ def check_feature_column(table: pa.Table, column: str, source: str) -> None:
     else:
         raise DataError(
             f"{source}: column '{column}' has type {ctype}; expected a map of feature id → "
-            "number, a list of numbers, or a list of such maps"
+            "number or a list of numbers"
         )
     problems = []
     for mask, what in masks:

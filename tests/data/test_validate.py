@@ -326,7 +326,86 @@ def test_check_feature_column_for_scored_tables() -> None:
     prm = parametric_rows()
     prm[1]["possible_actions"] = [{"10": 1.0}, {"10": math.nan}]
     with pytest.raises(DataError, match=r"'possible_actions': 1 bad row.*row 1"):
-        check_feature_column(parametric_table(prm), "possible_actions", "s")
+        check_feature_column(parametric_table(prm), "possible_actions", "s", candidates=True)
     with pytest.raises(DataError, match="expected a map of feature id"):
         check_feature_column(pa.table({"state": pa.array(["a", "b"])}), "state", "s")
+    # Each column's own shape: candidates are lists of maps, a state is not.
+    with pytest.raises(DataError, match="'possible_actions' has type list<item: double>"):
+        check_feature_column(
+            pa.table({"possible_actions": pa.array([[1.0]])}),
+            "possible_actions",
+            "s",
+            candidates=True,
+        )
+    cands = parametric_table(parametric_rows()).select(["possible_actions"])
+    with pytest.raises(DataError, match="expected a map of feature id → number or a list"):
+        check_feature_column(cands, "possible_actions", "s")
+    check_feature_column(cands, "possible_actions", "s", candidates=True)
     check_feature_column(pa.table({"state": pa.nulls(3)}), "state", "s")  # JSON all-null
+
+
+def test_rows_of_candidate_lists_after_a_null_list_that_owns_entries() -> None:
+    """Arrow lets a null list slot own elements; `flatten` leaves them out, so the rows of
+    the flattened candidates must skip them too (else every later row is misnamed and
+    `drop_bad_rows` drops the wrong one)."""
+    maps = pa.array([[("1", 1.0)], [("5", 1.0), ("5", 2.0)], [("6", math.nan)]], FMAP)
+    lists = pa.ListArray.from_arrays(
+        pa.array([0, 1, 2, 3], pa.int32()), maps, mask=pa.array([True, False, False])
+    )
+    bad_val, _, bad_dup = _map_rows(pa.chunked_array([lists]), 3, nested=True)
+    assert bad_dup.tolist() == [False, True, False]
+    assert bad_val.tolist() == [False, False, True]
+    dense = pa.ListArray.from_arrays(
+        pa.array([0, 2, 4], pa.int32()),
+        pa.array([math.nan, 1.0, 2.0, 3.0]),
+        mask=pa.array([True, False]),
+    )
+    check_feature_column(pa.table({"s": pa.array([[2.0, 3.0]])}), "s", "x")
+    with pytest.raises(DataError, match="row 0: None"):  # only the null row is bad
+        check_feature_column(pa.table({"s": dense}), "s", "x")
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_repeated_ids_match_a_plain_python_count(seed: int) -> None:
+    """Random map columns — key types, key orders, null slots owning entries, slices,
+    several chunks, few and many distinct ids — against a count done entry by entry."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    for _ in range(40):
+        n_ids = int(rng.choice([3, 50, 5000]))
+        kind = rng.choice(["str", "int", "dict"])
+        chunks, expected = [], []
+        for _ in range(int(rng.integers(1, 4))):
+            n = int(rng.integers(0, 30))
+            lengths = rng.integers(0, 6, n)
+            keys = rng.integers(0, n_ids, int(lengths.sum()))
+            if rng.random() < 0.5:  # most rows sorted: exercises the fast check
+                pos = 0
+                for ln in lengths:
+                    keys[pos : pos + ln] = np.sort(keys[pos : pos + ln])
+                    pos += ln
+            offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)
+            null = rng.random(n) < 0.2
+            key_arr = (
+                pa.array(keys, pa.int64())
+                if kind == "int"
+                else pa.array([str(k) for k in keys], pa.string())
+            )
+            if kind == "dict":
+                key_arr = key_arr.dictionary_encode()
+            maps = pa.MapArray.from_arrays(
+                pa.array(offsets),
+                key_arr,
+                pa.array(rng.random(len(keys)), pa.float64()),
+                mask=pa.array(null, pa.bool_()),
+            )
+            lo = int(rng.integers(0, n + 1))
+            maps = maps.slice(lo)
+            chunks.append(maps)
+            for r in range(lo, n):
+                own = keys[offsets[r] : offsets[r + 1]]
+                expected.append(not null[r] and len(set(own.tolist())) < len(own))
+        col = pa.chunked_array(chunks, chunks[0].type)
+        _, _, bad_dup = _map_rows(col, len(col), nested=False)
+        assert bad_dup.tolist() == expected
