@@ -19,6 +19,7 @@ from reagent_lite.data.tensorize import (
     tensorize_discrete,
     tensorize_parametric,
 )
+from reagent_lite.data.validate import validate
 from reagent_lite.errors import DataError
 from tests.data.test_validate import ACTIONS, dqn_rows, dqn_table, parametric_table
 
@@ -201,3 +202,20 @@ def test_parametric_from_jsonl_with_null_columns(tmp_path: Path) -> None:
     b = tensorize_parametric(t, ["0"], ["10", "11"])
     assert b.terminal.tolist() == [1, 1] and b.next_action_presence.sum() == 0
     assert b.action_index.tolist() == [0, 1]
+
+
+def test_action_name_lists_after_a_null_list_that_owns_names() -> None:
+    """A null possible_actions slot that owns names in Arrow (no action possible) leaves
+    the rows after it in place: validation passes and the mask has the right rows."""
+    names = pa.array(["left", "right", "left", "right"])
+    lists = pa.ListArray.from_arrays(
+        pa.array([0, 2, 3, 4], pa.int32()), names, mask=pa.array([True, False, False])
+    )
+    rows = dqn_rows(3)
+    table = dqn_table(rows)
+    table = table.set_column(
+        table.schema.get_field_index("possible_actions"), "possible_actions", lists
+    )
+    validated, _ = validate(table, "dqn", actions=ACTIONS, source="t")
+    out = tensorize_discrete(validated, collect_feature_ids(validated, "state_features"), ACTIONS)
+    assert out.possible_actions_mask.tolist() == [[0.0, 0.0], [1.0, 0.0], [0.0, 1.0]]
