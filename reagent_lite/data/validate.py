@@ -50,6 +50,7 @@ REQUIRED: tuple[str | tuple[str, ...], ...] = (
     "action_probability",
 )
 OPTIONAL = ("time_diff", "terminal", "metrics")
+BAD_ID = "feature id is not a non-negative integer (digits, or an integer below 2**63)"
 REPEATED_ID = "one feature id twice in the same map (which value is meant?)"
 
 
@@ -196,7 +197,7 @@ def _nonfinite(values: pa.Array | pa.ChunkedArray) -> np.ndarray:
 
 
 def _bad_key_entries(keys: pa.Array) -> np.ndarray:
-    """Per map key: not a string of a non-negative integer."""
+    """Per map key: not a non-negative integer (as a string, or an integer below 2**63)."""
     if _t.is_dictionary(keys.type):
         small = small_string_dictionary(keys)
         if small is not None:  # the regex below, in Python: no kernel call per slice
@@ -206,6 +207,10 @@ def _bad_key_entries(keys: pa.Array) -> np.ndarray:
         if not bad_dict.any():
             return np.zeros(len(keys), bool)
         return bad_dict[dictionary_codes(keys)]
+    if _t.is_uint64(keys.type):  # ids are read as int64 further on
+        return _bools(pc.greater(keys, pa.scalar(2**63 - 1, pa.uint64())))
+    if _t.is_unsigned_integer(keys.type):
+        return np.zeros(len(keys), bool)
     if _t.is_integer(keys.type):
         return _bools(pc.less(keys, 0))
     return ~_bools(pc.match_substring_regex(keys, r"^[0-9]+$"))
@@ -449,7 +454,7 @@ def _row_checks(
         if name.endswith("_features"):
             bad_val, bad_key, bad_dup = _map_rows(col(name), n, nested=False)
             add(name, bad_val, "null, NaN or infinite feature value")
-            add(name, bad_key, "feature id is not a non-negative integer string")
+            add(name, bad_key, BAD_ID)
             add(name, bad_dup, REPEATED_ID)
         else:
             bad_val, bad_len = _dense_rows(col(name))
@@ -487,13 +492,13 @@ def _row_checks(
             if _t.is_map(table.schema.field(name).type):
                 bad_val, bad_key, bad_dup = _map_rows(col(name), n, nested=False)
                 add(name, bad_val, "null, NaN or infinite feature value")
-                add(name, bad_key, "feature id is not a non-negative integer string")
+                add(name, bad_key, BAD_ID)
                 add(name, bad_dup, REPEATED_ID)
         for name in ("possible_actions", "possible_next_actions"):
             if not _t.is_null(table.schema.field(name).type.value_type):
                 bad_val, bad_key, bad_dup = _map_rows(col(name), n, nested=True)
                 add(name, bad_val, "null, NaN or infinite candidate feature value")
-                add(name, bad_key, "candidate feature id is not a non-negative integer string")
+                add(name, bad_key, "candidate " + BAD_ID)
                 add(name, bad_dup, "a candidate's map names one feature id twice")
     return checks
 
@@ -628,7 +633,7 @@ def check_feature_column(
         bad_val, bad_key, bad_dup = _map_rows(col, n, nested=nested)
         masks = [
             (bad_val, "null, NaN or infinite feature value"),
-            (bad_key, "feature id is not a non-negative integer string"),
+            (bad_key, BAD_ID),
             (bad_dup, "a candidate's map names one feature id twice" if nested else REPEATED_ID),
         ]
     elif _is_dense(ctype):

@@ -409,3 +409,21 @@ def test_repeated_ids_match_a_plain_python_count(seed: int) -> None:
         col = pa.chunked_array(chunks, chunks[0].type)
         _, _, bad_dup = _map_rows(col, len(col), nested=False)
         assert bad_dup.tolist() == expected
+
+
+def test_unsigned_integer_feature_ids() -> None:
+    """uint64 ids are fine up to 2**63 - 1 (they are read as int64 later); a larger one is
+    a bad row, not an Arrow overflow traceback."""
+    umap = pa.map_(pa.uint64(), pa.float64())
+    schema = DQN_SCHEMA
+    for name in ("state_features", "next_state_features"):
+        schema = schema.set(schema.get_field_index(name), pa.field(name, umap))
+    rows = dqn_rows()
+    for r in rows:
+        for name in ("state_features", "next_state_features"):
+            r[name] = {int(k): v for k, v in r[name].items()}
+    validate(pa.Table.from_pylist(rows, schema=schema), "dqn", actions=ACTIONS, source="u")
+    rows[0]["state_features"] = {2**64 - 1: 1.0}
+    rows[1]["state_features"] = {2**63 - 1: 1.0}
+    msg = _error(pa.Table.from_pylist(rows, schema=schema))
+    assert "column 'state_features': 1 bad row: feature id is not a non-negative" in msg
