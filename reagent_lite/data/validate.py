@@ -299,6 +299,13 @@ def _maps_repeating_a_key(maps: pa.MapArray) -> np.ndarray:
     return np.unique(repeated // width)
 
 
+def _table_rows(map_index: np.ndarray, chunk: pa.Array, nested: bool, start: int) -> np.ndarray:
+    """Table row of each map index of a chunk's maps (of `chunk.flatten()` when `nested`)."""
+    if not nested or not len(map_index):
+        return map_index + start
+    return flat_parents(chunk)[map_index] + start
+
+
 def _map_rows(
     col: pa.ChunkedArray, n: int, nested: bool
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -308,16 +315,7 @@ def _map_rows(
     start = 0
     for chunk in col.chunks:
         maps = chunk.flatten() if nested else chunk
-
-        def row_of(
-            map_index: np.ndarray, chunk: pa.Array = chunk, start: int = start
-        ) -> np.ndarray:
-            """Row in the table of each map index of `maps`."""
-            if not nested or not len(map_index):
-                return map_index + start
-            return flat_parents(chunk)[map_index] + start
-
-        bad_dup[row_of(_maps_repeating_a_key(maps))] = True
+        bad_dup[_table_rows(_maps_repeating_a_key(maps), chunk, nested, start)] = True
         if not maps.null_count:
             # Check the entries first; rows are only worked out when some entry is bad.
             lo, hi = maps.offsets[0].as_py(), maps.offsets[-1].as_py()
@@ -328,10 +326,35 @@ def _map_rows(
                 start += len(chunk)
                 continue
         entry_map, keys, items = map_entries(maps)
-        bad_val[row_of(entry_map[_nonfinite(items)])] = True
-        bad_key[row_of(entry_map[_bad_key_entries(keys)])] = True
+        bad_val[_table_rows(entry_map[_nonfinite(items)], chunk, nested, start)] = True
+        bad_key[_table_rows(entry_map[_bad_key_entries(keys)], chunk, nested, start)] = True
         start += len(chunk)
     return bad_val, bad_key, bad_dup
+
+
+def _map_problems(col: pa.ChunkedArray, n: int, nested: bool) -> list[tuple[np.ndarray, str]]:
+    """(bad-row mask, what is wrong) of each rule for a map column (`nested`: list<map>)."""
+    bad_val, bad_key, bad_dup = _map_rows(col, n, nested=nested)
+    if nested:
+        return [
+            (bad_val, "null, NaN or infinite candidate feature value"),
+            (bad_key, "candidate " + BAD_ID),
+            (bad_dup, "a candidate's map names one feature id twice"),
+        ]
+    return [
+        (bad_val, "null, NaN or infinite feature value"),
+        (bad_key, BAD_ID),
+        (bad_dup, REPEATED_ID),
+    ]
+
+
+def _dense_problems(col: pa.ChunkedArray) -> list[tuple[np.ndarray, str]]:
+    """(bad-row mask, what is wrong) of each rule for a dense list-of-numbers column."""
+    bad_val, bad_len = _dense_rows(col)
+    return [
+        (bad_val, "null list, or NaN or infinite feature value"),
+        (bad_len, "dense feature list of a different length than the first row's"),
+    ]
 
 
 def _dense_rows(col: pa.ChunkedArray) -> tuple[np.ndarray, np.ndarray]:
@@ -452,14 +475,11 @@ def _row_checks(
     for canon in ("state_features", "next_state_features"):
         name = cols[canon]
         if name.endswith("_features"):
-            bad_val, bad_key, bad_dup = _map_rows(col(name), n, nested=False)
-            add(name, bad_val, "null, NaN or infinite feature value")
-            add(name, bad_key, BAD_ID)
-            add(name, bad_dup, REPEATED_ID)
+            problems = _map_problems(col(name), n, nested=False)
         else:
-            bad_val, bad_len = _dense_rows(col(name))
-            add(name, bad_val, "null list, or NaN or infinite feature value")
-            add(name, bad_len, "dense feature list of a different length than the first row's")
+            problems = _dense_problems(col(name))
+        for mask, what in problems:
+            add(name, mask, what)
 
     if kind == "dqn":
         action_idx = string_index(col("action"), actions or [])
@@ -490,16 +510,12 @@ def _row_checks(
         add("action", _bools(col("action").is_null()), "no action (null map)")
         for name in ("action", "next_action"):
             if _t.is_map(table.schema.field(name).type):
-                bad_val, bad_key, bad_dup = _map_rows(col(name), n, nested=False)
-                add(name, bad_val, "null, NaN or infinite feature value")
-                add(name, bad_key, BAD_ID)
-                add(name, bad_dup, REPEATED_ID)
+                for mask, what in _map_problems(col(name), n, nested=False):
+                    add(name, mask, what)
         for name in ("possible_actions", "possible_next_actions"):
             if not _t.is_null(table.schema.field(name).type.value_type):
-                bad_val, bad_key, bad_dup = _map_rows(col(name), n, nested=True)
-                add(name, bad_val, "null, NaN or infinite candidate feature value")
-                add(name, bad_key, "candidate " + BAD_ID)
-                add(name, bad_dup, "a candidate's map names one feature id twice")
+                for mask, what in _map_problems(col(name), n, nested=True):
+                    add(name, mask, what)
     return checks
 
 
@@ -619,34 +635,16 @@ def check_feature_column(
     if _t.is_null(ctype) or (_is_list(ctype) and _t.is_null(ctype.value_type)):
         return  # JSON Lines columns empty throughout: nothing to check
     nested = _is_list(ctype) and _is_feature_map(ctype.value_type)
-    if candidates and not nested:
-        raise DataError(
-            f"{source}: column '{column}' has type {ctype}; expected a list of candidate "
-            "maps (feature id → number)"
+    flat = _is_feature_map(ctype) or _is_dense(ctype)
+    if (nested, flat) != (candidates, not candidates):
+        expected = (
+            "a list of candidate maps (feature id → number)"
+            if candidates
+            else "a map of feature id → number or a list of numbers"
         )
-    if nested and not candidates:
-        raise DataError(
-            f"{source}: column '{column}' has type {ctype}; expected a map of feature id → "
-            "number or a list of numbers"
-        )
-    if nested or _is_feature_map(ctype):
-        bad_val, bad_key, bad_dup = _map_rows(col, n, nested=nested)
-        masks = [
-            (bad_val, "null, NaN or infinite feature value"),
-            (bad_key, BAD_ID),
-            (bad_dup, "a candidate's map names one feature id twice" if nested else REPEATED_ID),
-        ]
-    elif _is_dense(ctype):
-        bad_val, bad_len = _dense_rows(col)
-        masks = [
-            (bad_val, "null list, or NaN or infinite feature value"),
-            (bad_len, "dense feature list of a different length than the first row's"),
-        ]
-    else:
-        raise DataError(
-            f"{source}: column '{column}' has type {ctype}; expected a map of feature id → "
-            "number or a list of numbers"
-        )
+        raise DataError(f"{source}: column '{column}' has type {ctype}; expected {expected}")
+    dense = _is_dense(ctype)
+    masks = _dense_problems(col) if dense else _map_problems(col, n, nested=nested)
     problems = []
     for mask, what in masks:
         if mask.any():

@@ -143,27 +143,25 @@ def test_workflow_trains_exports_and_predicts(tmp_path: Path, kind: str) -> None
                         "--batch-size", "0")  # fmt: skip
     assert result.returncode == 2 and "--batch-size" in result.stderr, result.stderr[-2000:]
     state_col = "state_features"
-    foreign = eval_table.set_column(
-        eval_table.schema.get_field_index(state_col), state_col,
-        pa.array([[("9999", 1.0)]] * eval_table.num_rows,
-                 type=eval_table.schema.field(state_col).type),
-    )  # fmt: skip
-    pq.write_table(foreign, tmp_path / "foreign.parquet")
-    result = run_module("reagent_lite.predict", "--model", str(out), "--data",
-                        str(tmp_path / "foreign.parquet"), "--output", str(scored_path))  # fmt: skip
+
+    def predict_with_states(states: list[Any], name: str) -> subprocess.CompletedProcess[str]:
+        """predict on the eval table with its state column replaced by `states`."""
+        changed = eval_table.set_column(
+            eval_table.schema.get_field_index(state_col), state_col,
+            pa.array(states, type=eval_table.schema.field(state_col).type),
+        )  # fmt: skip
+        pq.write_table(changed, tmp_path / name)
+        return run_module("reagent_lite.predict", "--model", str(out), "--data",
+                          str(tmp_path / name), "--output", str(scored_path))  # fmt: skip
+
+    result = predict_with_states([[("9999", 1.0)]] * eval_table.num_rows, "foreign.parquet")
     assert result.returncode == 3, result.stderr[-2000:]
     assert "no row holds any of the model's state features" in result.stderr
     assert "Traceback" not in result.stderr
     # A NaN feature value is an error naming the file, column and row, not a NaN score.
     values = eval_table.column(state_col).to_pylist()
     values[3] = [(k, float("nan")) for k, _ in values[3]]
-    with_nan = eval_table.set_column(
-        eval_table.schema.get_field_index(state_col), state_col,
-        pa.array(values, type=eval_table.schema.field(state_col).type),
-    )  # fmt: skip
-    pq.write_table(with_nan, tmp_path / "nan.parquet")
-    result = run_module("reagent_lite.predict", "--model", str(out), "--data",
-                        str(tmp_path / "nan.parquet"), "--output", str(scored_path))  # fmt: skip
+    result = predict_with_states(values, "nan.parquet")
     assert result.returncode == 3, result.stderr[-2000:]
     assert "nan.parquet: column 'state_features': 1 bad row" in result.stderr
     assert "row 3" in result.stderr and "Traceback" not in result.stderr
