@@ -46,10 +46,10 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from reagent_lite.config import DQNWorkflowConfig, ParametricDQNWorkflowConfig, config_from_dict
+from reagent_lite.data.tensordict import TensorDict
 from reagent_lite.distributed.context import DistContext
 from reagent_lite.models import fused
 from reagent_lite.training.loop import Workflow
-from reagent_lite.training.tensordict import TensorDict
 
 GAMMA, TAU, LR = 0.99, 0.01, 1e-3
 # Untimed steps before each contender's timed block. The contenders take turns, and the

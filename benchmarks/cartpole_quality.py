@@ -80,6 +80,7 @@ def train_seed(workflow: str, cfg: dict[str, Any], cfg_path: Path) -> float:
 
 def rollout_model(workflow: str, out_dir: Path, episodes: int) -> float:
     from reagent_lite.evaluation.online import rollout_exported_model
+    from reagent_lite.kinds import FeatureSpace, get_kind
 
     meta = json.loads((out_dir / "model_meta.json").read_text())
     result = rollout_exported_model(
@@ -87,10 +88,8 @@ def rollout_model(workflow: str, out_dir: Path, episodes: int) -> float:
         env_id="CartPole-v1",
         episodes=episodes,
         seed=ROLLOUT_SEED,
-        kind=workflow,
-        state_feature_ids=meta["state_feature_ids"],
-        action_feature_ids=meta.get("action_feature_ids"),
-        actions=meta.get("actions"),
+        kind=get_kind(workflow),
+        space=FeatureSpace.from_json(meta),
     )
     return float(result["mean_return"])
 

@@ -1,7 +1,9 @@
-"""The servable outputs of a run (SPEC §5), written by rank 0, each file atomically.
+"""The servable outputs of a run, written by rank 0, each file atomically.
 
-`model.pt2` is a `torch.export` program with preprocessing inside and a dynamic batch
-dimension; `model_meta.json` is written last, so its presence marks a complete output.
+`write_outputs` reads a finished run as a frozen `RunResult` (what the loop hands over),
+never the loop itself. `model.pt2` is a `torch.export` program with preprocessing inside
+and a dynamic batch dimension (the kind says which inputs and dimensions);
+`model_meta.json` is written last, so its presence marks a complete output.
 """
 
 from __future__ import annotations
@@ -10,49 +12,44 @@ import copy
 import hashlib
 import json
 import logging
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
-from torch import Tensor, nn
-from torch.export import Dim
+from torch import nn
 
 from reagent_lite import __version__
+from reagent_lite.config import WorkflowConfig
 from reagent_lite.io_utils import atomic_write, atomic_write_json
-from reagent_lite.normalization.params import save_normalization
-
-if TYPE_CHECKING:
-    from reagent_lite.training.loop import Workflow
+from reagent_lite.kinds import FeatureSpace, Kind
+from reagent_lite.normalization.module import Preprocessor
+from reagent_lite.normalization.params import NormalizationParameters, save_normalization
 
 log = logging.getLogger("reagent_lite")
 
 
-def example_inputs(
-    kind: str, n_state: int, n_action: int = 0, k: int = 0, batch: int = 3
-) -> tuple[Tensor, ...]:
-    gen = torch.Generator().manual_seed(0)
-    state = torch.randn(batch, n_state, generator=gen)
-    presence = torch.ones(batch, n_state)
-    if kind == "dqn":
-        return (state, presence)
-    actions = torch.randn(batch, k, n_action, generator=gen)
-    return (state, presence, actions, torch.ones(batch, k, n_action), torch.ones(batch, k))
+@dataclass(frozen=True)
+class RunResult:
+    """A finished run, as export reads it."""
+
+    kind: Kind[Any]
+    cfg: WorkflowConfig
+    space: FeatureSpace
+    norm: Mapping[str, Mapping[str, NormalizationParameters]]
+    pre: Mapping[str, Preprocessor]
+    q_net: nn.Module  # the selected epoch's network, on the CPU, in eval mode
+    selected_epoch: int
+    history: Sequence[Mapping[str, Any]]  # rank 0's per-epoch records
+    world_size: int
 
 
-def export_program(serving: nn.Module, kind: str, inputs: tuple[Tensor, ...]) -> Any:
-    batch = Dim("batch", min=1, max=1 << 30)
-    if kind == "dqn":
-        shapes: Any = {"state_values": {0: batch}, "state_presence": {0: batch}}
-    else:
-        cand = Dim("candidates", min=1, max=1 << 20)
-        shapes = {
-            "state_values": {0: batch},
-            "state_presence": {0: batch},
-            "action_values": {0: batch, 1: cand},
-            "action_presence": {0: batch, 1: cand},
-            "candidate_mask": {0: batch, 1: cand},
-        }
-    program = torch.export.export(serving.eval(), inputs, dynamic_shapes=shapes)
+def export_program(serving: nn.Module, kind: Kind[Any], space: FeatureSpace) -> Any:
+    """`serving` as a `torch.export` program with the kind's dynamic dimensions, checked
+    against the eager module on the kind's example inputs."""
+    inputs = kind.example_inputs(space)
+    program = torch.export.export(serving.eval(), inputs, dynamic_shapes=kind.dynamic_shapes())
     got = program.module()(*inputs)
     want = serving(*inputs)
     if not torch.allclose(got, want, atol=1e-5, equal_nan=True):
@@ -64,45 +61,43 @@ def config_hash(resolved: dict[str, Any]) -> str:
     return hashlib.sha256(json.dumps(resolved, sort_keys=True).encode()).hexdigest()
 
 
-def write_outputs(wf: Workflow) -> Path:
-    out = wf.output_dir
+def write_outputs(run: RunResult) -> tuple[Path, dict[str, Any] | None]:
+    """Writes the model files into `model_output_path`; returns the model's path and the
+    online check's result (None when the config asks for none)."""
+    out = Path(run.cfg.model_output_path)
     out.mkdir(parents=True, exist_ok=True)
-    kind = wf.kind.name
-    q_net = wf.final_model()
-    pre = {name: copy.deepcopy(p).cpu().eval() for name, p in wf.pre.items()}
-    serving = wf.kind.serving_module(pre, q_net).eval()
-    space = wf.space
-    inputs = example_inputs(
-        kind, len(space.state_ids), len(space.action_ids), max(space.max_candidates, 2)
-    )
+    kind, space = run.kind, run.space
+    pre = {name: copy.deepcopy(p).cpu().eval() for name, p in run.pre.items()}
+    serving = kind.serving_module(pre, run.q_net).eval()
     with torch.no_grad():
-        program = export_program(serving, kind, inputs)
+        program = export_program(serving, kind, space)
 
-    resolved = wf.cfg.model_dump(mode="json")
+    resolved = run.cfg.model_dump(mode="json")
     atomic_write_json(out / "config.json", resolved)
-    save_normalization(out / "normalization.json", wf.norm["state"])
-    if "action" in wf.norm:
-        save_normalization(out / "normalization_action.json", wf.norm["action"])
-    atomic_write(out / "model_state.pt", lambda tmp: torch.save({"q_net": q_net.state_dict()}, tmp))
+    for name, params in run.norm.items():
+        save_normalization(out / _norm_file(name), dict(params))
+    atomic_write(
+        out / "model_state.pt", lambda tmp: torch.save({"q_net": run.q_net.state_dict()}, tmp)
+    )
     model_path = out / "model.pt2"
     atomic_write(model_path, lambda tmp: torch.export.save(program, str(tmp)))
 
-    final = wf.history[-1] if wf.history else {}
-    online = _online_check(wf, model_path)
+    final = dict(run.history[-1]) if run.history else {}
+    online = _online_check(run, model_path)
     meta: dict[str, Any] = {
-        "workflow": kind,
+        "workflow": kind.name,
         "reagent_lite_version": __version__,
         "torch_version": torch.__version__,
         **space.to_json(),
-        "signature": _signature(kind),
+        "signature": kind.signature,
         "normalization": {
             name: {fid: p.model_dump(mode="json") for fid, p in params.items()}
-            for name, params in wf.norm.items()
+            for name, params in run.norm.items()
         },
         "config_hash": config_hash(resolved),
-        "selected_epoch": wf.best["epoch"],
-        "model_selection": wf.cfg.evaluation.model_selection,
-        "world_size": wf.ctx.world_size,
+        "selected_epoch": run.selected_epoch,
+        "model_selection": run.cfg.evaluation.model_selection,
+        "world_size": run.world_size,
         "final_metrics": final,
         "online_evaluation": online,
         "sample_data": resolved.get("sample_data"),
@@ -112,32 +107,18 @@ def write_outputs(wf: Workflow) -> Path:
         "model written to %s (epoch %d selected; the files count epochs from 0: "
         "selected_epoch %d in model_meta.json)",
         model_path,
-        wf.best["epoch"] + 1,
-        wf.best["epoch"],
+        run.selected_epoch + 1,
+        run.selected_epoch,
     )
-    return model_path
+    return model_path, online
 
 
-def _signature(kind: str) -> dict[str, Any]:
-    if kind == "dqn":
-        return {
-            "inputs": ["state_values [B,F]", "state_presence [B,F]"],
-            "output": "q [B,A] in the order of 'actions'",
-        }
-    return {
-        "inputs": [
-            "state_values [B,F]",
-            "state_presence [B,F]",
-            "action_values [B,K,G]",
-            "action_presence [B,K,G]",
-            "candidate_mask [B,K]",
-        ],
-        "output": "q [B,K]; -inf where candidate_mask is 0",
-    }
+def _norm_file(group: str) -> str:
+    return "normalization.json" if group == "state" else f"normalization_{group}.json"
 
 
-def _online_check(wf: Workflow, model_path: Path) -> dict[str, Any] | None:
-    cfg = wf.cfg
+def _online_check(run: RunResult, model_path: Path) -> dict[str, Any] | None:
+    cfg = run.cfg
     episodes = cfg.evaluation.online_episodes
     sample = cfg.sample_data
     if not episodes or sample is None or sample.kind != "gym":
@@ -149,13 +130,9 @@ def _online_check(wf: Workflow, model_path: Path) -> dict[str, Any] | None:
         env_id=sample.env,
         episodes=episodes,
         seed=cfg.seed + 10_000,
-        kind=wf.kind.name,
-        state_feature_ids=wf.space.state_ids,
-        action_feature_ids=wf.space.action_ids,
-        actions=wf.space.actions,
+        kind=run.kind,
+        space=run.space,
     )
-    if wf.metrics is not None:
-        wf.metrics.write({"epoch": wf.best["epoch"], "steps": wf.global_step, "online": result})
     log.info(
         "online check in %s: mean return %.1f over %d episodes",
         sample.env,

@@ -18,6 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from reagent_lite.data.tensordict import TensorDict
 from reagent_lite.models.fused import (
     accumulate_grads,
     fusable_here,
@@ -27,7 +28,6 @@ from reagent_lite.models.fused import (
 from reagent_lite.models.mlp import MLP
 from reagent_lite.trainers.common import SoftUpdate, adam, load_optimizer_state
 from reagent_lite.trainers.optim_step import OptimizerStep
-from reagent_lite.training.tensordict import TensorDict
 
 _NEG = -1e9
 

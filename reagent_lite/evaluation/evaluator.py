@@ -24,10 +24,10 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from reagent_lite.data.tensordict import TensorDict
 from reagent_lite.evaluation.cpe import CpeEstimate, one_step_estimates
 from reagent_lite.evaluation.cpe_models import CpeNets, gather_logged, masked_softmax
 from reagent_lite.evaluation.sequential import sequential_estimates
-from reagent_lite.training.tensordict import TensorDict
 
 _CHUNK = 65_536
 

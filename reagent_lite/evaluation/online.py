@@ -14,6 +14,7 @@ import numpy as np
 import torch
 
 from reagent_lite.errors import ConfigError
+from reagent_lite.kinds import FeatureSpace, Kind
 
 
 def _state_columns(state_feature_ids: list[str], obs_dim: int) -> np.ndarray:
@@ -32,37 +33,20 @@ def rollout_exported_model(
     env_id: str,
     episodes: int,
     seed: int,
-    kind: str,
-    state_feature_ids: list[str],
-    action_feature_ids: list[str] | None = None,
-    actions: list[str] | None = None,
+    kind: Kind[Any],
+    space: FeatureSpace,
     max_steps: int | None = None,
 ) -> dict[str, Any]:
-    """Greedy rollouts of the exported model; returns mean/median/std of the returns."""
+    """Greedy rollouts of the exported model; returns mean/median/std of the returns.
+    (`kind` and `space` of a finished run: `get_kind(meta["workflow"])`,
+    `FeatureSpace.from_json(meta)` of its `model_meta.json`.)"""
     import gymnasium as gym
-
-    from reagent_lite.samples.gym_logging import action_feature_map
 
     program = torch.export.load(str(model_path)).module()
     env = gym.make(env_id)
     n_env_actions = int(env.action_space.n)  # type: ignore[attr-defined]
-    cols = _state_columns(state_feature_ids, int(np.prod(env.observation_space.shape or (0,))))
-    if kind == "dqn":
-        assert actions is not None
-        env_action = [int(a) if a.isdigit() else i for i, a in enumerate(actions)]
-    else:
-        assert action_feature_ids is not None
-        cand = np.zeros((1, n_env_actions, len(action_feature_ids)), dtype=np.float32)
-        cand_presence = np.zeros_like(cand)
-        for k in range(n_env_actions):
-            for fid, value in action_feature_map(k, n_env_actions).items():
-                if fid in action_feature_ids:
-                    j = action_feature_ids.index(fid)
-                    cand[0, k, j] = value
-                    cand_presence[0, k, j] = 1.0
-        cand_t = torch.from_numpy(cand)
-        cand_p = torch.from_numpy(cand_presence)
-        mask = torch.ones(1, n_env_actions)
+    cols = _state_columns(space.state_ids, int(np.prod(env.observation_space.shape or (0,))))
+    act = kind.greedy_actor(program, space, n_env_actions)
     returns = []
     for ep in range(episodes):
         obs, _ = env.reset(seed=seed + ep)
@@ -71,12 +55,7 @@ def rollout_exported_model(
             state = torch.from_numpy(np.asarray(obs, dtype=np.float32)[cols]).unsqueeze(0)
             presence = torch.ones_like(state)
             with torch.no_grad():
-                if kind == "dqn":
-                    q = program(state, presence)
-                    action = env_action[int(q.argmax(dim=1).item())]
-                else:
-                    q = program(state, presence, cand_t, cand_p, mask)
-                    action = int(q.argmax(dim=1).item())
+                action = act(state, presence)
             obs, reward, terminated, truncated, _ = env.step(action)
             total += float(reward)
             steps += 1

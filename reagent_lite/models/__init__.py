@@ -19,7 +19,6 @@ __all__ = [
     "ParametricQNetwork",
     "build_q_network",
     "make_activation",
-    "q_network_from_config",
     "resolve_layer_sizes",
 ]
 
@@ -38,18 +37,3 @@ def build_q_network(
     sizes = resolve_layer_sizes(layers, in_dim, n_actions)
     cls = DuelingQNetwork if dueling else MLP
     return cls(sizes, activations, dropout_ratio=dropout_ratio, layer_norm=layer_norm)
-
-
-def q_network_from_config(cfg: object, *, in_dim: int, n_actions: int) -> nn.Module:
-    """`build_q_network` sized by a workflow config's `training` and `rainbow` blocks."""
-    training = cfg.training  # type: ignore[attr-defined]
-    rainbow = getattr(cfg, "rainbow", None)
-    return build_q_network(
-        in_dim=in_dim,
-        n_actions=n_actions,
-        layers=list(training.layers),
-        activations=list(training.activations),
-        dropout_ratio=float(getattr(training, "dropout_ratio", 0.0)),
-        layer_norm=bool(getattr(training, "layer_norm", False)),
-        dueling=bool(getattr(rainbow, "dueling_architecture", False)),
-    )

@@ -42,19 +42,6 @@ class ParametricQNetwork(nn.Module):
         sizes = resolve_layer_sizes(layers, self.state_dim + self.action_dim, 1)
         self.mlp = MLP(sizes, activations, dropout_ratio=dropout_ratio, layer_norm=layer_norm)
 
-    @classmethod
-    def from_config(cls, cfg: object, *, state_dim: int, action_dim: int) -> ParametricQNetwork:
-        """Build from a workflow config's `training` block (any object with those fields)."""
-        training = cfg.training  # type: ignore[attr-defined]
-        return cls(
-            state_dim,
-            action_dim,
-            list(training.layers),
-            list(training.activations),
-            dropout_ratio=float(getattr(training, "dropout_ratio", 0.0)),
-            layer_norm=bool(getattr(training, "layer_norm", False)),
-        )
-
     def forward(self, state: torch.Tensor, actions: torch.Tensor) -> torch.Tensor:
         """Scores of K candidate actions per state: [B, D], [B, K, G] → [B, K]."""
         first = self.mlp.linear(0)

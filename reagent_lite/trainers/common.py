@@ -18,16 +18,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from reagent_lite.config import BaseWorkflowConfig
 from reagent_lite.errors import ConfigError
 from reagent_lite.trainers.optim_step import OptimizerStep
 
 OPTIMIZERS = ("adam", "adamw", "sgd", "rmsprop")
 LOSSES = ("mse", "huber")
-
-
-def _name(value: object) -> str:
-    """A lower-case name from a str or a str-valued enum (`"ADAM"`, `Optimizer.ADAM`)."""
-    return str(getattr(value, "value", value)).lower()
 
 
 @dataclass(frozen=True)
@@ -66,25 +62,24 @@ class DQNHyperParams:
             )
 
     @classmethod
-    def from_config(cls, cfg: Any) -> DQNHyperParams:
-        """Read `cfg.rl`, `cfg.rainbow` and `cfg.training` (any object with those fields)."""
+    def from_config(cls, cfg: BaseWorkflowConfig) -> DQNHyperParams:
+        """The `rl`, `rainbow` and `training` blocks of a workflow config."""
         rl, rainbow, training = cfg.rl, cfg.rainbow, cfg.training
-        clip = getattr(training, "clip_grad_norm", None)
         return cls(
-            gamma=float(rl.gamma),
-            target_update_rate=float(rl.target_update_rate),
-            maxq_learning=bool(rl.maxq_learning),
-            double_q_learning=bool(getattr(rainbow, "double_q_learning", True)),
-            q_network_loss=_name(getattr(rl, "q_network_loss", "mse")),
-            reward_boost=dict(getattr(rl, "reward_boost", None) or {}),
-            use_seq_num_diff_as_time_diff=bool(getattr(rl, "use_seq_num_diff_as_time_diff", False)),
-            cql_alpha=float(getattr(training, "cql_alpha", 0.0)),
-            learning_rate=float(training.learning_rate),
-            optimizer=_name(getattr(training, "optimizer", "adam")),
-            l2_decay=float(getattr(training, "l2_decay", 0.0)),
-            lr_decay=float(getattr(training, "lr_decay", 1.0)),
-            clip_grad_norm=None if clip is None else float(clip),
-            minibatches_per_step=int(getattr(training, "minibatches_per_step", 1)),
+            gamma=rl.gamma,
+            target_update_rate=rl.target_update_rate,
+            maxq_learning=rl.maxq_learning,
+            double_q_learning=rainbow.double_q_learning,
+            q_network_loss=rl.q_network_loss,
+            reward_boost=dict(rl.reward_boost),
+            use_seq_num_diff_as_time_diff=rl.use_seq_num_diff_as_time_diff,
+            cql_alpha=training.cql_alpha,
+            learning_rate=training.learning_rate,
+            optimizer=training.optimizer,
+            l2_decay=training.l2_decay,
+            lr_decay=training.lr_decay,
+            clip_grad_norm=training.clip_grad_norm,
+            minibatches_per_step=training.minibatches_per_step,
         )
 
 

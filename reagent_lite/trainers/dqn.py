@@ -7,11 +7,12 @@ loss, optimizer, accumulation and target updates are in `common.py`.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any, Protocol
+from typing import Protocol
 
 import torch
 from torch import nn
 
+from reagent_lite.config import DQNWorkflowConfig
 from reagent_lite.errors import ConfigError
 from reagent_lite.models.fused import (
     accumulate_grads,
@@ -105,7 +106,7 @@ class DQNTrainer(QLearningTrainer[DiscreteBatch]):
 
     @classmethod
     def from_config(
-        cls, q_net: nn.Module, cfg: Any, *, unwrapped: nn.Module | None = None
+        cls, q_net: nn.Module, cfg: DQNWorkflowConfig, *, unwrapped: nn.Module | None = None
     ) -> DQNTrainer:
         """Hyper-parameters from `cfg.rl/rainbow/training`, actions from `cfg.actions`."""
         hp = DQNHyperParams.from_config(cfg)

@@ -7,11 +7,12 @@ the logged next action for SARSA; a row without next candidates is terminal.
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+from typing import Protocol
 
 import torch
 from torch import nn
 
+from reagent_lite.config import BaseWorkflowConfig
 from reagent_lite.trainers.common import (
     DQNHyperParams,
     QLearningTrainer,
@@ -62,7 +63,7 @@ class ParametricDQNTrainer(QLearningTrainer[ParametricBatch]):
 
     @classmethod
     def from_config(
-        cls, q_net: nn.Module, cfg: Any, *, unwrapped: nn.Module | None = None
+        cls, q_net: nn.Module, cfg: BaseWorkflowConfig, *, unwrapped: nn.Module | None = None
     ) -> ParametricDQNTrainer:
         """Hyper-parameters from `cfg.rl/rainbow/training` (`rl.reward_boost` does not apply:
         parametric actions have no names)."""

@@ -17,22 +17,24 @@ import torch
 from torch import Tensor, nn
 from tqdm import tqdm
 
+from reagent_lite.config import WorkflowConfig
 from reagent_lite.data.disk_stream import DiskShardStream
 from reagent_lite.data.sampler import EpochSampler, UnionSampler
+from reagent_lite.data.tensordict import TensorDict
 from reagent_lite.distributed.context import DistContext
 from reagent_lite.errors import ConfigError, TrainingError
 from reagent_lite.evaluation.cpe_models import CpeModelTrainer, CpeNets
 from reagent_lite.evaluation.evaluator import evaluate_cpe
+from reagent_lite.export import RunResult, write_outputs
+from reagent_lite.kinds import EVAL_ONLY_FIELDS, FeatureSpace, Kind, get_kind
 from reagent_lite.normalization.module import Preprocessor
 from reagent_lite.normalization.params import NormalizationParameters
 from reagent_lite.training import checkpoint as ckpt
 from reagent_lite.training.graphs import ddp_construction, plain_lr
 from reagent_lite.training.host_memory import keep_freed_memory
-from reagent_lite.training.kinds import KINDS, FeatureSpace
 from reagent_lite.training.metrics import MetricsWriter
 from reagent_lite.training.shard import load_training_shard, read_validated
-from reagent_lite.training.steps import EVAL_ONLY_FIELDS, StepRunner
-from reagent_lite.training.tensordict import TensorDict
+from reagent_lite.training.steps import StepRunner
 from reagent_lite.training.verify import (
     check_replicas,
     replica_digest,
@@ -54,8 +56,10 @@ class Workflow:
     train_data: TensorDict
     ingest_timings: dict[str, float]
 
-    def __init__(self, kind_name: str, cfg: Any, ctx: DistContext, *, resume: bool = False):
-        self.kind = KINDS[kind_name]
+    def __init__(
+        self, kind: str | Kind[Any], cfg: WorkflowConfig, ctx: DistContext, *, resume: bool = False
+    ):
+        self.kind: Kind[Any] = get_kind(kind) if isinstance(kind, str) else kind
         self.cfg = cfg
         self.ctx = ctx
         self.resume = resume
@@ -90,7 +94,7 @@ class Workflow:
         self.q_net = self.kind.build_q_network(cfg, dims, self.space).to(self.device)
         self._warm_start()
         self.q_net_ddp = self._wrap(self.q_net)
-        self.trainer = self.kind.build_trainer(self.q_net_ddp, cfg, self.q_net)
+        self.trainer = self.kind.build_trainer(self.q_net_ddp, cfg, self.space, self.q_net)
         if cfg.training.scale_lr_with_world_size:
             for group in self.trainer.optimizer.param_groups:
                 group["lr"] *= ctx.world_size
@@ -137,7 +141,7 @@ class Workflow:
         path = self.cfg.eval_data_path
         if not path:
             return None
-        table = read_validated(self.kind.name, self.cfg, path, 0, 1)
+        table = read_validated(self.kind, self.cfg, path, 0, 1)
         raw = self.kind.tensorize(table, self.space, self.cfg, str(path))
         return self.kind.training_tensors(raw, self.pre).to(self.device)
 
@@ -461,12 +465,29 @@ class Workflow:
             net.load_state_dict(self.best["state"])
         return net.eval()
 
+    def result(self) -> RunResult:
+        """The finished run as export reads it (rank 0)."""
+        return RunResult(
+            kind=self.kind,
+            cfg=self.cfg,
+            space=self.space,
+            norm=self.norm,
+            pre=self.pre,
+            q_net=self.final_model(),
+            selected_epoch=self.best["epoch"],
+            history=tuple(self.history),
+            world_size=self.ctx.world_size,
+        )
+
     def save(self) -> Path | None:
         if not self.ctx.is_rank_zero:
             return None
-        from reagent_lite.export import write_outputs
-
-        return write_outputs(self)
+        model_path, online = write_outputs(self.result())
+        if online is not None and self.metrics is not None:
+            self.metrics.write(
+                {"epoch": self.best["epoch"], "steps": self.global_step, "online": online}
+            )
+        return model_path
 
     def cleanup(self) -> None:
         if self.metrics is not None:

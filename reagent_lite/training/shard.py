@@ -22,16 +22,17 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from reagent_lite.config import BaseWorkflowConfig
 from reagent_lite.data.disk_stream import DiskShardStream
 from reagent_lite.data.readers import read_shard
+from reagent_lite.data.tensordict import TensorDict
 from reagent_lite.data.validate import validate
 from reagent_lite.distributed.context import DistContext
 from reagent_lite.errors import ConfigError
+from reagent_lite.kinds import FeatureSpace, Kind
 from reagent_lite.normalization.identify import fit_normalization
 from reagent_lite.normalization.module import Preprocessor
 from reagent_lite.normalization.params import NormalizationParameters, load_normalization
-from reagent_lite.training.kinds import FeatureSpace
-from reagent_lite.training.tensordict import TensorDict
 from reagent_lite.training.verify import emulated_world_size
 
 
@@ -48,13 +49,15 @@ class LoadedShard:
     emulated_shards: list[int] | None = None
 
 
-def read_validated(kind_name: str, cfg: Any, path: str, rank: int, world: int) -> pa.Table:
+def read_validated(
+    kind: Kind[Any], cfg: BaseWorkflowConfig, path: str, rank: int, world: int
+) -> pa.Table:
     """Shard `rank` of `world` of the table at `path`, validated (whole-table path)."""
     table = read_shard(path, rank, world)
     table, _report = validate(
         table,
-        kind_name,  # type: ignore[arg-type]
-        actions=getattr(cfg, "actions", None),
+        kind.name,  # type: ignore[arg-type]
+        actions=kind.action_names(cfg),
         source=str(path),
         drop_bad_rows=cfg.drop_bad_rows,
     )
@@ -62,27 +65,26 @@ def read_validated(kind_name: str, cfg: Any, path: str, rank: int, world: int) -
 
 
 def load_training_shard(
-    kind: Any, cfg: Any, ctx: DistContext, *, streaming: bool = True
+    kind: Kind[Any], cfg: BaseWorkflowConfig, ctx: DistContext, *, streaming: bool = True
 ) -> LoadedShard:
     """This rank's training shard, normalized (see the module notes)."""
     clock = time.perf_counter
     t0 = clock()
     timings: dict[str, float]
-    load = getattr(kind, "load_shard", None) if streaming else None
     units = None
     emulated: list[int] | None = None
-    if getattr(cfg, "stream_from_disk", False):
+    if cfg.stream_from_disk:
         # Only a sample is read here; training reads the shard window by window.
         space, raw, units = kind.open_disk_sample(ctx, cfg, cfg.training_data_path)
         timings = {"sample": clock() - t0}
-    elif load is not None:
+    elif streaming:
         world = emulated_world_size(ctx.world_size)
         parts = [(r, world) for r in range(world)] if world else [(ctx.rank, ctx.world_size)]
-        space, raw, timings = load(ctx, cfg, cfg.training_data_path, parts)
+        space, raw, timings = kind.load_shard(ctx, cfg, cfg.training_data_path, parts)
         if world is not None:
             emulated = raw.rows_per_part
     else:
-        table, emulated = _read_training_table(kind.name, cfg, ctx)
+        table, emulated = _read_training_table(kind, cfg, ctx)
         t = clock()
         space = kind.feature_space(ctx, table, cfg)
         raw = kind.tensorize(table, space, cfg, str(cfg.training_data_path))
@@ -90,7 +92,7 @@ def load_training_shard(
         timings = {"read+validate": t - t0, "tensorize": clock() - t}
     t1 = clock()
     norm = _normalization(kind, cfg, ctx, space, raw)
-    pre = {name: Preprocessor(_ids(space, name), params) for name, params in norm.items()}
+    pre = {name: Preprocessor(space.ids(name), params) for name, params in norm.items()}
     t2 = clock()
     train_data = kind.training_tensors(raw, pre)
     del raw
@@ -100,37 +102,31 @@ def load_training_shard(
     return LoadedShard(space, norm, pre, train_data, timings, disk, emulated)
 
 
-def _ids(space: FeatureSpace, name: str) -> list[str]:
-    return space.state_ids if name == "state" else space.action_ids
-
-
 def _read_training_table(
-    kind_name: str, cfg: Any, ctx: DistContext
+    kind: Kind[Any], cfg: BaseWorkflowConfig, ctx: DistContext
 ) -> tuple[pa.Table, list[int] | None]:
     """This rank's shard; when emulating W ranks, their W shards end to end in rank order
     (with the row count of each)."""
     path = cfg.training_data_path
     world = emulated_world_size(ctx.world_size)
     if world is None:
-        return read_validated(kind_name, cfg, path, ctx.rank, ctx.world_size), None
-    tables = [read_validated(kind_name, cfg, path, r, world) for r in range(world)]
+        return read_validated(kind, cfg, path, ctx.rank, ctx.world_size), None
+    tables = [read_validated(kind, cfg, path, r, world) for r in range(world)]
     return pa.concat_tables(tables), [t.num_rows for t in tables]
 
 
 def _normalization(
-    kind: Any, cfg: Any, ctx: DistContext, space: FeatureSpace, raw: Any
+    kind: Kind[Any], cfg: BaseWorkflowConfig, ctx: DistContext, space: FeatureSpace, raw: Any
 ) -> dict[str, dict[str, NormalizationParameters]]:
     """Loads the configured normalization, or fits it from a sample of every shard."""
-    given = {"state": cfg.state_norm_data_path}
-    if kind.name == "parametric_dqn":
-        given["action"] = cfg.action_norm_data_path
+    given = kind.norm_files(cfg)
     norm: dict[str, dict[str, NormalizationParameters]] = {}
     per_rank = max(1, cfg.normalization_sample_size // ctx.world_size)
     samples = kind.norm_samples(raw, per_rank, cfg.seed + ctx.rank)
     for name, path in given.items():
         if path:
             norm[name] = load_normalization(Path(path))
-            missing = [f for f in _ids(space, name) if f not in norm[name]]
+            missing = [f for f in space.ids(name) if f not in norm[name]]
             if missing:
                 raise ConfigError(
                     f"{name}_norm_data_path: {path} has no parameters for feature ids "
@@ -142,7 +138,7 @@ def _normalization(
         fitted = None
         if ctx.is_rank_zero:
             fitted = fit_normalization(
-                np.concatenate(gathered, axis=0), _ids(space, name), action=(name == "action")
+                np.concatenate(gathered, axis=0), space.ids(name), action=(name == "action")
             )
         norm[name] = ctx.broadcast_object(fitted)
     return norm

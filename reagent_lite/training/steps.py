@@ -54,7 +54,9 @@ from torch import Tensor, nn
 from torch.nn.parallel import DistributedDataParallel
 
 from reagent_lite.data.sampler import EpochSampler
+from reagent_lite.data.tensordict import RowPack, TensorDict
 from reagent_lite.errors import TrainingError
+from reagent_lite.kinds.base import EVAL_ONLY_FIELDS
 from reagent_lite.training.graphs import (
     GradAllReduce,
     WarmupSnapshot,
@@ -63,12 +65,9 @@ from reagent_lite.training.graphs import (
     make_capturable,
 )
 from reagent_lite.training.prefetch import Chunk, ChunkPrefetcher
-from reagent_lite.training.tensordict import RowPack, TensorDict
 
 log = logging.getLogger("reagent_lite")
 
-# Columns only evaluation reads: never gathered or streamed for training steps.
-EVAL_ONLY_FIELDS = ("propensity", "mdp_id", "sequence_number")
 # Eager steps run before capture so that lazily created state (Adam moments, cuBLAS
 # workspaces) exists; their effect on the model is undone afterwards.
 _WARMUP_STEPS = 3

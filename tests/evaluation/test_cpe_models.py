@@ -9,11 +9,11 @@ import pytest
 import torch
 from torch import nn
 
+from reagent_lite.data.tensordict import TensorDict
 from reagent_lite.evaluation import cpe_models
 from reagent_lite.evaluation.cpe_models import CpeModelTrainer, CpeNets
+from reagent_lite.kinds import KINDS
 from reagent_lite.models import build_q_network
-from reagent_lite.training.kinds import KINDS
-from reagent_lite.training.tensordict import TensorDict
 
 D, A, B = 5, 3, 64
 

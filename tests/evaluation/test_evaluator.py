@@ -14,13 +14,13 @@ import pytest
 import torch
 from torch import Tensor, nn
 
+from reagent_lite.data.tensordict import TensorDict
 from reagent_lite.data.tensorize import tensorize_parametric
 from reagent_lite.data.timeline import build_training_table
 from reagent_lite.evaluation.cpe_models import CpeNets
 from reagent_lite.evaluation.evaluator import evaluate_cpe
+from reagent_lite.kinds import KINDS
 from reagent_lite.samples.parametric_env import Contexts, ParametricBanditEnv
-from reagent_lite.training.kinds import KINDS
-from reagent_lite.training.tensordict import TensorDict
 
 DQN, PARAMETRIC = KINDS["dqn"], KINDS["parametric_dqn"]
 

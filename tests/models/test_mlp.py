@@ -4,8 +4,7 @@ import pytest
 import torch
 
 from reagent_lite.errors import ConfigError
-from reagent_lite.models import MLP, build_q_network, q_network_from_config, resolve_layer_sizes
-from tests.models.helpers import config_like
+from reagent_lite.models import MLP, build_q_network, resolve_layer_sizes
 
 
 def test_shapes_and_placeholders() -> None:
@@ -61,13 +60,6 @@ def test_bad_layers_and_activations() -> None:
         build_q_network(in_dim=3, n_actions=2, layers=[-1, 4, -1], activations=["relu"])
     with pytest.raises(ConfigError, match="unknown activation"):
         build_q_network(in_dim=3, n_actions=2, layers=[-1, 4, -1], activations=["swishy", "linear"])
-
-
-def test_from_config() -> None:
-    cfg = config_like(layers=[-1, 8, -1], activations=["relu", "linear"], dueling=True)
-    net = q_network_from_config(cfg, in_dim=4, n_actions=3)
-    assert type(net).__name__ == "DuelingQNetwork"
-    assert net(torch.randn(2, 4)).shape == (2, 3)
 
 
 def test_exports_with_dynamic_batch() -> None:

@@ -3,7 +3,6 @@ from __future__ import annotations
 import torch
 
 from reagent_lite.models import ParametricQNetwork
-from tests.models.helpers import config_like
 
 
 def _net(**kw: object) -> ParametricQNetwork:
@@ -27,12 +26,6 @@ def test_single_linear_layer() -> None:
     state, actions = torch.randn(3, 2), torch.randn(3, 4, 1)
     expect = torch.cat([state.unsqueeze(1).expand(-1, 4, -1), actions], -1) @ lin.weight.T
     torch.testing.assert_close(net(state, actions), (expect + lin.bias).squeeze(-1))
-
-
-def test_from_config() -> None:
-    cfg = config_like(layers=[-1, 8, -1], activations=["relu", "linear"])
-    net = ParametricQNetwork.from_config(cfg, state_dim=4, action_dim=2)
-    assert net(torch.randn(3, 4), torch.randn(3, 5, 2)).shape == (3, 5)
 
 
 def test_exports_with_dynamic_batch_and_candidates() -> None:

@@ -2,7 +2,6 @@ from __future__ import annotations
 
 import copy
 import math
-from types import SimpleNamespace
 
 import pytest
 import torch
@@ -293,35 +292,3 @@ def test_real_ddp_with_accumulation(tmp_path: object) -> None:
             torch.testing.assert_close(a, b, rtol=0, atol=1e-6)
     finally:
         dist.destroy_process_group()
-
-
-def test_hyper_params_from_horizon_style_config() -> None:
-    cfg = SimpleNamespace(
-        rl=SimpleNamespace(
-            gamma=0.9,
-            target_update_rate=0.1,
-            maxq_learning=1,
-            q_network_loss="HUBER",
-            reward_boost={"a": 1.0},
-            use_seq_num_diff_as_time_diff=True,
-        ),
-        rainbow=SimpleNamespace(double_q_learning=False),
-        training=SimpleNamespace(
-            learning_rate=0.01,
-            optimizer="ADAM",
-            l2_decay=0.001,
-            lr_decay=0.99,
-            clip_grad_norm=None,
-            minibatches_per_step=2,
-            cql_alpha=0.1,
-        ),
-        actions=["a", "b"],
-    )
-    hp = DQNHyperParams.from_config(cfg)
-    assert hp.maxq_learning is True and hp.optimizer == "adam" and hp.q_network_loss == "huber"
-    assert hp.double_q_learning is False and hp.minibatches_per_step == 2
-    trainer = DQNTrainer.from_config(identity_q_net(), cfg)
-    assert trainer.reward_boost is not None and trainer.reward_boost.tolist() == [1.0, 0.0]
-    assert trainer.optimizer.param_groups[0]["weight_decay"] == pytest.approx(0.001)
-    with pytest.raises(ConfigError, match="optimizer"):
-        DQNHyperParams(optimizer="lbfgs")

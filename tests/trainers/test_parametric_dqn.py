@@ -149,16 +149,3 @@ def test_state_dict_round_trip() -> None:
     second.train_step([batch])
     for a, b in zip(first.online.parameters(), second.online.parameters(), strict=True):
         torch.testing.assert_close(a, b, rtol=0, atol=0)
-
-
-def test_from_config() -> None:
-    from types import SimpleNamespace
-
-    cfg = SimpleNamespace(
-        rl=SimpleNamespace(gamma=0.5, target_update_rate=1.0, maxq_learning=0),
-        rainbow=SimpleNamespace(double_q_learning=True),
-        training=SimpleNamespace(learning_rate=0.1, optimizer="SGD"),
-    )
-    trainer = ParametricDQNTrainer.from_config(action_valued_net(), cfg)
-    assert trainer.hp.maxq_learning is False and trainer.hp.optimizer == "sgd"
-    assert isinstance(trainer.optimizer, torch.optim.SGD)

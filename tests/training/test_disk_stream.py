@@ -20,6 +20,7 @@ from reagent_lite.config.models import WorkflowConfig
 from reagent_lite.data.disk_stream import load_window, stream_units
 from reagent_lite.distributed.context import DistContext
 from reagent_lite.errors import DataError
+from reagent_lite.kinds import EVAL_ONLY_FIELDS
 from reagent_lite.normalization.params import save_normalization
 from reagent_lite.training import steps
 from reagent_lite.training.loop import Workflow
@@ -366,7 +367,7 @@ def test_parametric_epoch_is_the_resident_tensors_each_row_once(tmp_path: Path) 
     assert wf.space.to_json() == resident.space.to_json()
     assert wf.disk is not None and wf.disk.num_rows == 320
     wf.disk.configure(step_rows=32, steps_per_epoch=10)
-    want = {k: v for k, v in resident.train_data.items() if k not in steps.EVAL_ONLY_FIELDS}
+    want = {k: v for k, v in resident.train_data.items() if k not in EVAL_ONLY_FIELDS}
     want_order = torch.argsort(want["reward"])
     try:
         for epoch in range(2):

@@ -11,12 +11,12 @@ import pytest
 import torch
 
 from reagent_lite.config import DQNWorkflowConfig, ParametricDQNWorkflowConfig, config_from_dict
+from reagent_lite.data.tensordict import TensorDict
 from reagent_lite.distributed.context import DistContext
 from reagent_lite.training import steps
 from reagent_lite.training.graphs import GradAllReduce
 from reagent_lite.training.loop import Workflow
 from reagent_lite.training.steps import LazyBatch, training_columns
-from reagent_lite.training.tensordict import TensorDict
 
 
 def test_lazy_batch_gathers_what_index_gathers() -> None:

@@ -1,0 +1,300 @@
+"""What a workflow kind is: everything that differs between dqn and parametric_dqn.
+
+The shared code — the loop, ingest, CPE, export, the online check — asks a `Kind` and
+never branches on a kind's name. A kind declares:
+
+* its data: how a shard is ingested (resident, or window by window from disk), the
+  feature space the ranks agree on, the samples normalization is fitted on, the training
+  tensors (`TensorDict` columns) a shard becomes;
+* its networks and maths: the Q-network, the trainer, Q over the candidate set, the
+  candidate mask and the index of the logged action (what CPE reads);
+* its served model: the serving module (preprocessing inside), example inputs, dynamic
+  shapes and the signature written into `model_meta.json`; a greedy actor for online
+  rollouts in a gymnasium environment.
+
+Adding a kind means one module with a subclass of `Kind`, registered in `kinds/__init__.py`.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Generic, TypeVar
+
+import numpy as np
+import pyarrow as pa
+import torch
+from torch import Tensor, nn
+
+from reagent_lite.config import BaseWorkflowConfig
+from reagent_lite.data.disk_stream import DiskShardStream, stream_units
+from reagent_lite.data.readers import ShardPiece
+from reagent_lite.data.shard_builder import IngestedShard
+from reagent_lite.data.tensordict import TensorDict
+from reagent_lite.distributed.context import DistContext
+from reagent_lite.errors import DataError
+from reagent_lite.normalization.module import Preprocessor, one_intraop_thread
+from reagent_lite.trainers.common import QLearningTrainer
+
+C = TypeVar("C", bound=BaseWorkflowConfig)
+
+# Columns only evaluation reads: never gathered or streamed for training steps.
+EVAL_ONLY_FIELDS = ("propensity", "mdp_id", "sequence_number")
+# Rows normalized at a time: bounds the temporary memory of the preprocessing pass.
+_NORM_CHUNK = 65_536
+
+# A greedy policy over an environment's discrete actions: (state, presence) → env action.
+Actor = Callable[[Tensor, Tensor], int]
+
+
+@dataclass
+class FeatureSpace:
+    """Feature ids (in tensor order) agreed by every rank."""
+
+    state_ids: list[str]
+    actions: list[str] = field(default_factory=list)  # dqn: action names
+    action_ids: list[str] = field(default_factory=list)  # parametric: action feature ids
+    max_candidates: int = 0  # parametric: padded candidate-set size
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "state_feature_ids": self.state_ids,
+            "actions": self.actions,
+            "action_feature_ids": self.action_ids,
+            "max_candidates": self.max_candidates,
+        }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> FeatureSpace:
+        """The space `to_json` wrote (also read from a run's `model_meta.json`)."""
+        return cls(
+            state_ids=list(data["state_feature_ids"]),
+            actions=list(data.get("actions") or []),
+            action_ids=list(data.get("action_feature_ids") or []),
+            max_candidates=int(data.get("max_candidates") or 0),
+        )
+
+    def ids(self, group: str) -> list[str]:
+        """The feature ids a preprocessor group ("state" or "action") normalizes."""
+        return self.state_ids if group == "state" else self.action_ids
+
+
+@dataclass
+class StreamedShard:
+    """A shard from the streaming ingest (`data/ingest.py`): feature matrices in agreed-id
+    order with NaN = absent (no presence matrices), other fields as tensors."""
+
+    features: dict[str, Tensor]  # e.g. "state", "next_state": float32 [N, F]
+    other: dict[str, Tensor]
+    rows_per_part: list[int]
+
+    def __len__(self) -> int:
+        return int(next(iter(self.features.values())).shape[0])
+
+    @classmethod
+    def of(cls, shard: IngestedShard) -> StreamedShard:
+        """The arrays of an ingested shard, as tensors sharing their memory."""
+        return cls(
+            {k: torch.from_numpy(v) for k, v in shard.features.items()},
+            {k: torch.from_numpy(v) for k, v in shard.fields.items()},
+            shard.rows_per_part or [len(shard)],
+        )
+
+
+def numeric_sorted(ids: set[str]) -> list[str]:
+    return sorted(ids, key=lambda s: (int(s), s) if s.isdigit() else (1 << 62, s))
+
+
+def agree_ids(ctx: DistContext, local: set[str]) -> list[str]:
+    """The union of every rank's feature ids, in numeric order (the same on every rank)."""
+    union: set[str] = set()
+    for ids in ctx.all_gather_object(sorted(local)):
+        union.update(ids)
+    return numeric_sorted(union)
+
+
+def normalize_chunked(pre: Preprocessor, values: Tensor, presence: Tensor) -> Tensor:
+    """Applies the preprocessor over leading dims in chunks (rows of [N, ..., F])."""
+    lead = values.shape[:-1]
+    flat_v = values.reshape(-1, values.shape[-1])
+    flat_p = presence.reshape(-1, presence.shape[-1])
+    out = torch.empty(flat_v.shape[0], pre.out_dim, dtype=torch.float32)
+    with torch.no_grad(), one_intraop_thread():
+        for start in range(0, flat_v.shape[0], _NORM_CHUNK):
+            stop = start + _NORM_CHUNK
+            out[start:stop] = pre(flat_v[start:stop], flat_p[start:stop])
+    return out.reshape(*lead, pre.out_dim)
+
+
+def sample_rows(values: Tensor, presence: Tensor, n: int, seed: int) -> np.ndarray:
+    """Up to n rows of raw values with NaN where a feature is absent (normalization input)."""
+    flat_v = values.reshape(-1, values.shape[-1])
+    flat_p = presence.reshape(-1, presence.shape[-1])
+    keep = flat_p.sum(dim=1) > 0  # padded candidates are all-absent: not data
+    flat_v, flat_p = flat_v[keep], flat_p[keep]
+    if flat_v.shape[0] > n:
+        gen = torch.Generator().manual_seed(seed)
+        idx = torch.randperm(flat_v.shape[0], generator=gen)[:n]
+        flat_v, flat_p = flat_v[idx], flat_p[idx]
+    sample = flat_v.numpy().astype(np.float64, copy=True)
+    sample[flat_p.numpy() == 0] = np.nan
+    return sample
+
+
+def sample_nan_rows(values: Tensor, n: int, seed: int) -> np.ndarray:
+    """`sample_rows` for NaN-coded values: the same rows, without copying the shard."""
+    with one_intraop_thread():
+        any_present = torch.empty(values.shape[0], dtype=torch.bool)
+        step = 1 << 16  # bounds the [rows, F] temporaries
+        for s in range(0, values.shape[0], step):
+            any_present[s : s + step] = ~torch.isnan(values[s : s + step]).all(dim=1)
+        keep = torch.nonzero(any_present).squeeze(1)
+        if keep.shape[0] > n:
+            gen = torch.Generator().manual_seed(seed)
+            keep = keep[torch.randperm(keep.shape[0], generator=gen)[:n]]
+        return values[keep].numpy().astype(np.float64)
+
+
+def ingest_opts(cfg: BaseWorkflowConfig) -> dict[str, bool]:
+    """The options of the streaming ingest a config sets (both kinds, every loader)."""
+    return {
+        "use_seq_num_diff_as_time_diff": cfg.rl.use_seq_num_diff_as_time_diff,
+        "drop_bad_rows": cfg.drop_bad_rows,
+    }
+
+
+class Kind(ABC, Generic[C]):
+    """One workflow kind (see the module notes). Stateless: one instance serves every run."""
+
+    name: ClassVar[str]
+    # How the served model is called, for `model_meta.json`.
+    signature: ClassVar[dict[str, Any]]
+
+    # ------------------------------------------------------------------ data
+    @abstractmethod
+    def feature_space(self, ctx: DistContext, table: pa.Table, cfg: C) -> FeatureSpace:
+        """The agreed feature space of a whole table (every rank's shard of it)."""
+
+    @abstractmethod
+    def tensorize(self, table: pa.Table, space: FeatureSpace, cfg: C, source: str) -> Any:
+        """A validated table as raw tensors in `space`'s order (eval tables)."""
+
+    @abstractmethod
+    def load_shard(
+        self, ctx: DistContext, cfg: C, path: str, parts: list[tuple[int, int]]
+    ) -> tuple[FeatureSpace, StreamedShard, dict[str, float]]:
+        """Streaming read + validate + tensorize of this rank's shard (`parts`: the (rank,
+        world) shards to lay end to end, normally one); the feature space is agreed here.
+        Also returns where the time went (seconds by stage)."""
+
+    @abstractmethod
+    def scan_space(self, ctx: DistContext, cfg: C, units: list[ShardPiece]) -> FeatureSpace:
+        """The agreed feature space from a keys-only scan of the shard's units."""
+
+    @abstractmethod
+    def load_window(
+        self, cfg: C, space: FeatureSpace, units: Sequence[ShardPiece]
+    ) -> StreamedShard:
+        """A window of units, ingested in `space`'s order."""
+
+    @abstractmethod
+    def action_names(self, cfg: C) -> list[str] | None:
+        """The configured action names (None: actions are not named)."""
+
+    @abstractmethod
+    def norm_files(self, cfg: C) -> dict[str, str | None]:
+        """Preprocessor group ("state", "action") → its configured normalization file."""
+
+    @abstractmethod
+    def norm_samples(self, raw: Any, n: int, seed: int) -> dict[str, np.ndarray]:
+        """Up to n raw rows per preprocessor group, NaN = absent (what normalization fits)."""
+
+    @abstractmethod
+    def training_tensors(self, raw: Any, pre: dict[str, Preprocessor]) -> TensorDict:
+        """The normalized columns training and evaluation read."""
+
+    # ------------------------------------------------------------- networks
+    @abstractmethod
+    def build_q_network(self, cfg: C, dims: dict[str, int], space: FeatureSpace) -> nn.Module:
+        """The Q-network; `dims`: the width of each preprocessor group's output."""
+
+    @abstractmethod
+    def build_trainer(
+        self, q_net: nn.Module, cfg: C, space: FeatureSpace, unwrapped: nn.Module
+    ) -> QLearningTrainer[Any]:
+        """The trainer of `q_net` (possibly a DDP wrapper around `unwrapped`)."""
+
+    @abstractmethod
+    def q_all(self, net: nn.Module, batch: Any, *, next_state: bool) -> Tensor:
+        """Q of every candidate [B, K] of the (next) state."""
+
+    @abstractmethod
+    def candidate_mask(self, batch: Any, *, next_state: bool) -> Tensor:
+        """[B, K]: 1 where a candidate of the (next) state is possible."""
+
+    @abstractmethod
+    def logged_index(self, batch: Any) -> Tensor:
+        """[B] int64: the logged action's index among the candidates (−1: not among them)."""
+
+    # ---------------------------------------------------------------- serving
+    @abstractmethod
+    def serving_module(self, pre: dict[str, Preprocessor], q_net: nn.Module) -> nn.Module:
+        """Raw features in, Q out: what `model.pt2` holds."""
+
+    @abstractmethod
+    def example_inputs(self, space: FeatureSpace, batch: int = 3) -> tuple[Tensor, ...]:
+        """Inputs of the serving module (export traces with them)."""
+
+    @abstractmethod
+    def dynamic_shapes(self) -> dict[str, dict[int, Any]]:
+        """The serving inputs' dynamic dimensions, for `torch.export`."""
+
+    @abstractmethod
+    def greedy_actor(self, program: Any, space: FeatureSpace, n_env_actions: int) -> Actor:
+        """The exported program as a greedy policy over an environment's actions."""
+
+    # ---------------------------------------------------------- disk streaming
+    def open_disk_sample(
+        self, ctx: DistContext, cfg: C, path: str
+    ) -> tuple[FeatureSpace, StreamedShard, list[ShardPiece]]:
+        """`stream_from_disk`: the feature space (from a keys-only scan of the shard, agreed
+        by the ranks), a raw sample of a few seeded row groups (normalization is fitted on
+        it; normalized, it is the column template the step runner sizes its buffers from)
+        and the shard's units (`data/disk_stream.py`) — no rank reads its whole shard."""
+        units = stream_units(path, ctx.rank, ctx.world_size)
+        if not units:
+            raise DataError(
+                f"{path}: rank {ctx.rank} of {ctx.world_size} has an empty shard "
+                "(more ranks than rows?)"
+            )
+        space = self.scan_space(ctx, cfg, units)
+        want = min(cfg.stream_window_rows, max(1, cfg.normalization_sample_size // ctx.world_size))
+        order = np.random.default_rng([cfg.seed, ctx.rank, 1]).permutation(len(units))
+        picked: list[ShardPiece] = []
+        rows = 0
+        for i in order:
+            if rows >= want:
+                break
+            picked.append(units[int(i)])
+            rows += units[int(i)].num_rows or 0
+        return space, self.load_window(cfg, space, picked), units
+
+    def disk_stream(
+        self,
+        ctx: DistContext,
+        cfg: C,
+        units: list[ShardPiece],
+        space: FeatureSpace,
+        pre: dict[str, Preprocessor],
+    ) -> DiskShardStream:
+        """The stream of training windows: each loaded, normalized in place and cut to the
+        columns training reads, in a background thread (`DiskShardStream`)."""
+
+        def load(window: Sequence[ShardPiece]) -> dict[str, Tensor]:
+            data = self.training_tensors(self.load_window(cfg, space, window), pre)
+            return {k: v for k, v in data.items() if k not in EVAL_ONLY_FIELDS}
+
+        return DiskShardStream(
+            units, load, window_rows=cfg.stream_window_rows, seed=cfg.seed, rank=ctx.rank
+        )

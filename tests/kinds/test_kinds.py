@@ -1,0 +1,90 @@
+"""The kinds: networks and trainers built from typed configs, serving inputs, lookup."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from reagent_lite.config import DQNWorkflowConfig, ParametricDQNWorkflowConfig, config_from_dict
+from reagent_lite.errors import ConfigError
+from reagent_lite.kinds import KINDS, FeatureSpace, get_kind
+from reagent_lite.models.dueling import DuelingQNetwork
+from reagent_lite.normalization.identify import fit_normalization
+from reagent_lite.normalization.module import Preprocessor
+
+PATHS = {"training_data_path": "t.parquet", "model_output_path": "out"}
+
+
+def test_lookup_by_name() -> None:
+    assert set(KINDS) == {"dqn", "parametric_dqn"}
+    assert all(get_kind(name).name == name for name in KINDS)
+    with pytest.raises(ConfigError, match="unknown kind"):
+        get_kind("slate")
+
+
+def test_discrete_network_and_trainer_from_a_horizon_style_config() -> None:
+    cfg = config_from_dict(
+        {
+            **PATHS,
+            "actions": ["a", "b", "c"],
+            "rl": {"gamma": 0.9, "maxq_learning": 1, "q_network_loss": "huber",
+                   "reward_boost": {"a": 1.0}},
+            "rainbow": {"double_q_learning": False, "dueling_architecture": True},
+            "training": {"layers": [-1, 8, -1], "activations": ["relu", "linear"],
+                         "optimizer": "ADAM", "l2_decay": 0.001, "minibatches_per_step": 2},
+        },
+        DQNWorkflowConfig,
+    )  # fmt: skip
+    kind = get_kind("dqn")
+    space = FeatureSpace(state_ids=["0", "1", "2", "3"], actions=list(cfg.actions))
+    net = kind.build_q_network(cfg, {"state": 4}, space)
+    assert isinstance(net, DuelingQNetwork)
+    assert net(torch.randn(2, 4)).shape == (2, 3)
+    trainer = kind.build_trainer(net, cfg, space, net)
+    hp = trainer.hp
+    assert hp.maxq_learning is True and hp.optimizer == "adam" and hp.q_network_loss == "huber"
+    assert hp.double_q_learning is False and hp.minibatches_per_step == 2 and hp.gamma == 0.9
+    assert trainer.optimizer.param_groups[0]["weight_decay"] == pytest.approx(0.001)
+    assert trainer.reward_boost is not None and trainer.reward_boost.tolist() == [1.0, 0.0, 0.0]
+    assert kind.action_names(cfg) == ["a", "b", "c"]
+    assert kind.norm_files(cfg) == {"state": None}
+
+
+def test_parametric_network_and_trainer_from_config() -> None:
+    cfg = ParametricDQNWorkflowConfig(
+        **PATHS,
+        action_norm_data_path="a.json",
+        rl={"maxq_learning": 0},
+        training={"layers": [-1, 8, -1], "activations": ["relu", "linear"], "optimizer": "sgd"},
+    )
+    kind = get_kind("parametric_dqn")
+    space = FeatureSpace(state_ids=["0"] * 4, action_ids=["10", "11"], max_candidates=5)
+    net = kind.build_q_network(cfg, {"state": 4, "action": 2}, space)
+    assert net(torch.randn(3, 4), torch.randn(3, 5, 2)).shape == (3, 5)
+    trainer = kind.build_trainer(net, cfg, space, net)
+    assert trainer.hp.maxq_learning is False and isinstance(trainer.optimizer, torch.optim.SGD)
+    assert kind.action_names(cfg) is None
+    assert kind.norm_files(cfg) == {"state": None, "action": str(cfg.action_norm_data_path)}
+
+
+@pytest.mark.parametrize("name", sorted(KINDS))
+def test_serving_module_takes_its_example_inputs_with_any_batch(name: str) -> None:
+    kind = get_kind(name)
+    space = FeatureSpace(
+        state_ids=["0", "1"], actions=["x", "y"], action_ids=["5"], max_candidates=1
+    )
+    dims = {"state": 2, "action": 1}
+    pre = {
+        group: Preprocessor(ids, fit_normalization(torch.randn(50, len(ids)).double().numpy(), ids))
+        for group, ids in (("state", space.state_ids), ("action", space.action_ids))
+    }
+    cfg_cls = DQNWorkflowConfig if name == "dqn" else ParametricDQNWorkflowConfig
+    extra = {"actions": ["x", "y"]} if name == "dqn" else {}
+    cfg = cfg_cls(**PATHS, **extra)
+    serving = kind.serving_module(pre, kind.build_q_network(cfg, dims, space)).eval()
+    for batch in (1, 4):
+        inputs = kind.example_inputs(space, batch)
+        out = serving(*inputs)
+        assert out.shape[0] == batch and torch.isfinite(out).all()
+    assert set(kind.dynamic_shapes()) <= set(serving.forward.__code__.co_varnames)
+    assert kind.signature["inputs"] and kind.signature["output"]
