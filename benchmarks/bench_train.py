@@ -9,16 +9,12 @@ minutes). Each timed block follows `WARMUP_STEPS` untimed steps of the same cont
 d3rlpy's steps are timed inside `fit`, without the set-up of each `fit` call.
 
 * `ours`: a real `Workflow` set up from a config, stepped by `Workflow.step_runner()` — the
-  object and calls `Workflow.train()` runs (CPE side models off, and `ours+cpe` with them;
-  on a CPU also `ours-mkl` / `ours-onednn`: the large products forced onto one library
-  instead of the machine's rule, see `models/fused.py`).
+  object and calls `Workflow.train()` runs (CPE side models off, and `ours+cpe` with them).
 * `bare`: the same maths written directly in PyTorch, tensors already on the device, minibatch
   rows gathered by index from a per-epoch permutation (`bare-graph` on CUDA: that step in
   one CUDA graph).
 * `d3rlpy`: `DoubleDQN.fit` on the same transitions (when d3rlpy is installed).
 * `products` (CPU, dqn): the step's five large matrix products alone, the arithmetic floor.
-* `ours+cpe-autograd` (CPU, dqn): `ours+cpe` with the CPE side models trained as before their
-  CPU fast path (autograd, per-tensor Adam).
 
     python -m benchmarks.bench_train --device cpu --batch 1024
     python -m benchmarks.bench_train --device cuda --batch 8192 --no-d3rlpy
@@ -48,7 +44,6 @@ from torch import Tensor, nn
 from reagent_lite.config import DQNWorkflowConfig, ParametricDQNWorkflowConfig, config_from_dict
 from reagent_lite.data.tensordict import TensorDict
 from reagent_lite.distributed.context import DistContext
-from reagent_lite.models import fused
 from reagent_lite.training.loop import Workflow
 
 GAMMA, TAU, LR = 0.99, 0.01, 1e-3
@@ -133,19 +128,8 @@ def sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def time_ours(wf: Workflow, steps: int, epoch: int, *, onednn: bool | None = None) -> float:
-    """Transitions/s of `steps` steps of the workflow's own step runner (as train() runs);
-    `onednn`: force the CPU's large products onto oneDNN (True) or MKL (False) instead of
-    the machine's rule (`models.fused.USE_ONEDNN`)."""
-    rule = fused.USE_ONEDNN
-    fused.USE_ONEDNN = rule if onednn is None else onednn
-    try:
-        return _time_ours(wf, steps, epoch)
-    finally:
-        fused.USE_ONEDNN = rule
-
-
-def _time_ours(wf: Workflow, steps: int, epoch: int) -> float:
+def time_ours(wf: Workflow, steps: int, epoch: int) -> float:
+    """Transitions/s of `steps` steps of the workflow's own step runner (as train() runs)."""
     runner = wf.step_runner()
     torch.manual_seed(epoch)
     runner.begin_epoch(epoch)  # (first call on CUDA: captures the graph, untimed)
@@ -159,16 +143,6 @@ def _time_ours(wf: Workflow, steps: int, epoch: int) -> float:
         runner.step()
     sync(wf.device)
     return n * runner.step_rows / (time.perf_counter() - t0)
-
-
-def autograd_cpe(wf: Workflow) -> None:
-    """The workflow's CPE side models trained as before their CPU fast path: through
-    autograd, with a per-tensor Adam (`ours+cpe-autograd`, against `ours+cpe`)."""
-    cpe = wf.cpe
-    assert cpe is not None
-    cpe.fused_step = False
-    cpe.optimizer = torch.optim.Adam(cpe.nets.parameters(), lr=LR)
-    cpe._optimizer_step = cpe.optimizer.step  # type: ignore[assignment]
 
 
 class Bare:
@@ -270,8 +244,8 @@ class Bare:
 
 class Products:
     """The step's large products and nothing else (CPU, dqn): the three forwards' hidden
-    256×256 layer (online on s and s', target on s'), its input and weight gradients, each
-    on the library our step uses (`models.fused`). No fp32 implementation of the reference
+    256×256 layer (online on s and s', target on s'), its input and weight gradients, as
+    torch's CPU kernels compute them. No fp32 implementation of the reference
     step beats this on the machine; `ours / products` is how close ours gets to it and
     `products / d3rlpy` the highest ratio to d3rlpy the arithmetic allows."""
 
@@ -286,9 +260,9 @@ class Products:
     def step(self) -> None:
         h, w, b = self.h, self.w, self.b
         for _ in range(3):
-            fused.layers_forward(h, [w], [b], [True])
-        fused._mm_weight(h, w)  # input gradient g·W (g: a [B, H] gradient)
-        torch.mm(h.t(), h)  # weight gradient gᵀ·h, MKL's orientation as in ours
+            torch.addmm(b, h, w.t()).relu_()
+        torch.mm(h, w)  # input gradient g·W (g: a [B, H] gradient)
+        torch.mm(h.t(), h)  # weight gradient gᵀ·h
 
     def time(self, steps: int) -> float:
         for _ in range(WARMUP_STEPS):
@@ -368,9 +342,6 @@ def main(argv: list[str] | None = None) -> None:
     print(f"torch {torch.__version__}, threads {torch.get_num_threads()}, device {dev}"
           + (f" ({torch.cuda.get_device_name(dev)})" if dev.type == "cuda" else "")
           + f", load {os.getloadavg()}", flush=True)  # fmt: skip
-    if dev.type == "cpu":
-        print(f"CPU {fused._cpu_vendor() or 'vendor unknown'}: large products on "
-              f"{'oneDNN' if fused.USE_ONEDNN else 'MKL'}", flush=True)  # fmt: skip
     results: dict[str, list[float]] = {}
     contenders: dict[str, Callable[[int, int], float]] = {}
     tmp = tempfile.TemporaryDirectory()
@@ -392,13 +363,6 @@ def main(argv: list[str] | None = None) -> None:
                 print(f"{name}: shard {len(wf.train_data):,} rows, "
                       f"{wf.train_data.nbytes() / 2**20:,.0f} MiB on {where}", flush=True)  # fmt: skip
                 contenders[name] = lambda n, e, wf=wf: time_ours(wf, n, e)
-                if dev.type == "cpu" and mode == "resident":
-                    # The same workflow with the products forced onto either library: what
-                    # the machine's rule (`models.fused`) chose against the other.
-                    for lib, flag in (("mkl", False), ("onednn", True)):
-                        contenders[f"{name}-{lib}"] = lambda n, e, wf=wf, flag=flag: time_ours(
-                            wf, n, e, onednn=flag
-                        )
                 base = base or wf
         assert base is not None
         if not args.no_cpe:
@@ -406,12 +370,6 @@ def main(argv: list[str] | None = None) -> None:
                 name = f"{tag}ours{'-graph' if g else ''}+cpe"
                 wf = workflow(kind, data, Path(tmp.name) / name, args.device, args.batch,
                               cuda_graphs=g, cpe=True)  # fmt: skip
-                contenders[name] = lambda n, e, wf=wf: time_ours(wf, n, e)
-            if dev.type == "cpu" and kind == "dqn":
-                name = f"{tag}ours+cpe-autograd"
-                wf = workflow(kind, data, Path(tmp.name) / name, args.device, args.batch,
-                              cpe=True)  # fmt: skip
-                autograd_cpe(wf)
                 contenders[name] = lambda n, e, wf=wf: time_ours(wf, n, e)
         resident = base.train_data.to(dev)
         for g in graphs:
@@ -441,7 +399,7 @@ def main(argv: list[str] | None = None) -> None:
     for k, v in med.items():
         print(f"  {k:28s} {v:14,.0f} transitions/s")
     pairs = [("ours", "bare"), ("ours", "d3rlpy"), ("ours", "products"), ("products", "d3rlpy"),
-             ("ours-onednn", "ours-mkl"), ("ours+cpe", "ours"), ("ours+cpe", "ours+cpe-autograd"),
+             ("ours+cpe", "ours"),
              ("ours-graph", "bare-graph"), ("ours-graph+cpe", "ours-graph"),
              ("ours-graph-streamed", "ours-graph"), ("ours-streamed", "ours"),
              ("param:ours", "param:bare"), ("param:ours-graph", "param:bare-graph"),

@@ -19,15 +19,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from reagent_lite.data.tensordict import TensorDict
-from reagent_lite.models.fused import (
-    accumulate_grads,
-    fusable_here,
-    layers_backward,
-    layers_forward,
-)
-from reagent_lite.models.mlp import MLP
-from reagent_lite.trainers.common import SoftUpdate, adam, load_optimizer_state
-from reagent_lite.trainers.optim_step import OptimizerStep
+from reagent_lite.trainers.common import SoftUpdate, adam, load_optimizer_state, unwrap
 
 _NEG = -1e9
 
@@ -84,16 +76,13 @@ class CpeModelTrainer:
         self.tau = target_update_rate
         self.use_time_diff = use_time_diff
         self.optimizer = adam(nets.parameters(), learning_rate)
-        self._optimizer_step = OptimizerStep(self.optimizer)
         self._params = list(nets.parameters())
         # As `QLearningTrainer.grad_sync`: averages gradients over ranks between backward
         # and step when no DDP wrapper does it.
         self.grad_sync: Callable[[], None] | None = None
-        # The CPU step without autograd (`_fused_backward`); a switch for tests.
-        self.fused_step = True
 
     def _raw(self) -> CpeNets:
-        raw = getattr(self.nets, "module", self.nets)
+        raw = unwrap(self.nets)
         assert isinstance(raw, CpeNets)
         return raw
 
@@ -111,67 +100,18 @@ class CpeModelTrainer:
         idx = kind.logged_index(batch)
         valid = (idx >= 0).to(batch.reward.dtype)
         denom = valid.sum().clamp_min(1.0)
-        loss = self._fused_backward(batch, target, idx, valid, denom)
-        if loss is None:
-            r_hat, q_hat = self.nets(batch, kind)
-            reward_loss = ((gather_logged(r_hat, idx) - batch.reward) ** 2 * valid).sum() / denom
-            value_loss = (
-                F.smooth_l1_loss(gather_logged(q_hat, idx), target, reduction="none") * valid
-            ).sum() / denom
-            loss = reward_loss + value_loss
-            loss.backward()
+        r_hat, q_hat = self.nets(batch, kind)
+        # Rows without a logged action count for nothing, even where the reward is not finite.
+        reward_err = torch.where(valid > 0, gather_logged(r_hat, idx) - batch.reward, 0.0)
+        value_err = F.smooth_l1_loss(gather_logged(q_hat, idx), target, reduction="none")
+        value_err = torch.where(valid > 0, value_err, 0.0)
+        loss = ((reward_err**2).sum() + value_err.sum()) / denom
+        loss.backward()
         if self.grad_sync is not None:
             self.grad_sync()
-        self._optimizer_step()
+        self.optimizer.step()
         self._soft_update(self.tau)
         return loss.detach()
-
-    def _fused_backward(
-        self, batch: TensorDict, target: Tensor, idx: Tensor, valid: Tensor, denom: Tensor
-    ) -> Tensor | None:
-        """Both losses and their gradients without autograd, as `DQNTrainer._fused_backward`
-        does for the Q-network: for discrete actions, plain ReLU MLPs on CPU tensors and no
-        wrapper (DDP's reducer works through autograd). The gradient with respect to the
-        logged action's output is formed directly — 2(r̂ − r) for the squared error,
-        clamp(q̂ − target, −1, 1) for the smooth L1 (β = 1), times valid / denom — and
-        `models.fused.layers_backward` takes it through each net. None: take the
-        autograd path. Same maths (tests/evaluation/test_cpe_models.py)."""
-        raw = self.nets
-        if not (self.fused_step and isinstance(raw, CpeNets) and self.kind.name == "dqn"):
-            return None
-        if raw._forward_hooks or raw._forward_pre_hooks:
-            return None  # (hooks on the pair expect its forward to run)
-        if not fusable_here(batch.state):
-            return None
-        layers = []
-        for net in (raw.reward_net, raw.value_net):
-            found = net.trainable_relu_layers() if isinstance(net, MLP) else None
-            if found is None:
-                return None
-            layers.append(found)
-        logged = idx.clamp_min(0).unsqueeze(1)
-        scale = valid / denom
-        total = torch.zeros((), dtype=target.dtype)
-        with torch.no_grad():
-            for (weights, biases, relu), wanted, smooth in zip(
-                layers, (batch.reward, target), (False, True), strict=True
-            ):
-                outs = layers_forward(batch.state, weights, biases, relu)
-                diff = gather_logged(outs[-1], idx) - wanted
-                if smooth:
-                    adiff = diff.abs()
-                    per_row = torch.where(adiff < 1.0, 0.5 * diff * diff, adiff - 0.5)
-                    d_out = diff.clamp(-1.0, 1.0)
-                else:
-                    per_row = diff * diff
-                    d_out = 2.0 * diff
-                total = total + (per_row * valid).sum() / denom
-                # Rows without a logged action get exactly 0 (even where wanted is not finite).
-                d_out = torch.where(valid > 0, d_out * scale, 0.0)
-                grad = torch.zeros_like(outs[-1]).scatter_(1, logged, d_out.unsqueeze(1))
-                grads, _ = layers_backward(outs, weights, relu, grad, grad_owned=True)
-                accumulate_grads(weights, biases, grads)
-        return total
 
     def state_dict(self) -> dict[str, Any]:
         return {

@@ -14,10 +14,6 @@ import torch
 from torch import nn
 
 from reagent_lite.errors import ConfigError
-from reagent_lite.models.fused import fusable_here, fused_mlp
-
-# (weights, biases, ReLU-after flags) of a plain linear → ReLU-or-nothing MLP, in layer order
-ReluLayers = tuple[list[torch.Tensor], list[torch.Tensor], tuple[bool, ...]]
 
 _ACTIVATIONS: dict[str, Callable[[], nn.Module]] = {
     "relu": nn.ReLU,
@@ -110,11 +106,6 @@ class MLP(nn.Module):
                 parts.append(nn.Dropout(dropout_ratio))
             tails.append(parts[0] if len(parts) == 1 else nn.Sequential(*parts))
         self.tails = nn.ModuleList(tails)
-        # ReLU-or-linear after every layer and nothing else: the CPU fast path applies
-        # (`models.fused`); None otherwise.
-        self._relu: tuple[bool, ...] | None = None
-        if all(isinstance(t, (nn.ReLU, nn.Identity)) for t in tails):
-            self._relu = tuple(isinstance(t, nn.ReLU) for t in tails)
 
     def linear(self, index: int) -> nn.Linear:
         """The `index`-th linear layer, typed (ModuleList indexing gives a bare Module)."""
@@ -122,66 +113,13 @@ class MLP(nn.Module):
         assert isinstance(layer, nn.Linear)
         return layer
 
-    def relu_layers(self) -> ReluLayers | None:
-        """(weights, biases, ReLU flags) when every layer is linear → ReLU-or-nothing (what
-        `models.fused` runs), else None. Read afresh on each call (cheap: no ModuleList
-        indexing), so parameters replaced by `load_state_dict(assign=True)` are seen."""
-        if self._relu is None:
-            return None
-        layers: list[nn.Linear] = list(self.linears)  # type: ignore[arg-type]
-        return [la.weight for la in layers], [la.bias for la in layers], self._relu
-
-    def unhooked_relu_layers(self) -> ReluLayers | None:
-        """`relu_layers()` when no forward hooks wait for this module's forward (what a
-        caller running the layers itself would skip), else None."""
-        if self._forward_hooks or self._forward_pre_hooks:
-            return None
-        return self.relu_layers()
-
-    def trainable_relu_layers(self) -> ReluLayers | None:
-        """`relu_layers()` when a training step may bypass this module's forward and
-        autograd (`models.fused.layers_forward` / `layers_backward`): no forward hooks (they
-        expect the forward to run) and every parameter trained (autograd would leave a
-        frozen one without gradient); else None."""
-        layers = self.unhooked_relu_layers()
-        if layers is None:
-            return None
-        weights, biases, _ = layers
-        if not all(p.requires_grad for p in (*weights, *biases)):
-            return None
-        return layers
-
-    def _fused(self, x: torch.Tensor, start: int, consume: bool = False) -> torch.Tensor | None:
-        """Layers `start:` by the CPU fast path (`models.fused`) when it applies, else None."""
-        layers = self.relu_layers()
-        if layers is None or not fusable_here(x):
-            return None
-        weights, biases, relu = layers
-        return fused_mlp(
-            x,
-            weights[start:],
-            biases[start:],
-            relu[start:],
-            pre_relu=start > 0 and relu[start - 1],
-            consume=consume,
-        )
-
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        fast = self._fused(x, 0)
-        if fast is not None:
-            return fast
         for linear, tail in zip(self.linears, self.tails, strict=True):
             x = tail(linear(x))
         return x
 
-    def forward_after_first(self, h: torch.Tensor, *, consume: bool = False) -> torch.Tensor:
-        """Finish the forward pass from the pre-activation output `h` of the first layer.
-
-        `consume`: `h` is the caller's scratch tensor, which the CPU fast path may then
-        overwrite (its first activation in place) when no gradient is recorded."""
-        fast = self._fused(h, 1, consume) if len(self.linears) > 1 else None
-        if fast is not None:
-            return fast
+    def forward_after_first(self, h: torch.Tensor) -> torch.Tensor:
+        """Finish the forward pass from the pre-activation output `h` of the first layer."""
         x = self.tails[0](h)
         for linear, tail in zip(self.linears[1:], self.tails[1:], strict=True):
             x = tail(linear(x))

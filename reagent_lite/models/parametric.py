@@ -50,14 +50,7 @@ class ParametricQNetwork(nn.Module):
         # [B, K, H] + [B, 1, H]: the state's contribution is shared by all candidates.
         h_a = F.linear(actions, w_action)
         h_s = F.linear(state, w_state, first.bias).unsqueeze(1)
-        if h_a.shape == torch.broadcast_shapes(h_a.shape, h_s.shape) and not (
-            torch._C._are_functorch_transforms_active()
-        ):
-            h = h_a.add_(h_s)  # into the candidates' product: one [B, K, H] buffer, not two
-        else:
-            h = h_a + h_s  # (one candidate set for all states, or under vmap)
-        # Either way `h` is this call's own: the rest of the network may overwrite it.
-        return self.mlp.forward_after_first(h, consume=True).squeeze(-1)
+        return self.mlp.forward_after_first(h_a + h_s).squeeze(-1)
 
     def forward_pairs(self, state: torch.Tensor, action: torch.Tensor) -> torch.Tensor:
         """Score of one action per state: [B, D], [B, G] → [B]."""

@@ -20,7 +20,6 @@ from torch import nn
 
 from reagent_lite.config import BaseWorkflowConfig
 from reagent_lite.errors import ConfigError
-from reagent_lite.trainers.optim_step import OptimizerStep
 
 OPTIMIZERS = ("adam", "adamw", "sgd", "rmsprop")
 LOSSES = ("mse", "huber")
@@ -173,24 +172,6 @@ def td_loss(q: torch.Tensor, target: torch.Tensor, kind: str) -> torch.Tensor:
     return F.mse_loss(q, target)
 
 
-def td_loss_and_grad(
-    q: torch.Tensor, target: torch.Tensor, kind: str, scale: float = 1.0
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """`td_loss` and `scale` × its gradient with respect to `q`, without autograd.
-
-    MSE: 2·(q − target)/B. Huber (δ = 1): (q − target) clamped to [−1, 1], over B."""
-    diff = q - target
-    if kind == "huber":
-        loss = td_loss(q, target, kind)
-        grad = diff.clamp_(-1.0, 1.0).mul_(scale / len(q))
-    else:
-        # The mean square as one dot product of the difference formed anyway (F.mse_loss
-        # would form it again, behind a Python wrapper that costs more than the sum).
-        loss = torch.dot(diff, diff).mul_(1.0 / len(q))
-        grad = diff.mul_(2.0 * scale / len(q))
-    return loss, grad
-
-
 class SoftUpdate:
     """target ← (1 − τ)·target + τ·online, one fused foreach kernel over all parameters.
 
@@ -256,14 +237,6 @@ def masked_logsumexp(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     return torch.where(valid.any(dim=1), lse, 0.0)
 
 
-def masked_softmax(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """Row softmax over entries with `mask` > 0 (0 elsewhere; all-0 rows with none): the
-    gradient of `masked_logsumexp` with respect to `values`."""
-    valid = mask > 0
-    probs = _lowest_where_invalid(values, valid).softmax(dim=1)
-    return probs.mul_(valid.any(dim=1, keepdim=True))
-
-
 def unwrap(module: nn.Module) -> nn.Module:
     """The plain module under a DDP / DataParallel wrapper (or the module itself)."""
     inner = getattr(module, "module", None)
@@ -314,7 +287,6 @@ class QLearningTrainer(Generic[BatchT]):
         self.optimizer = build_optimizer(self.online.parameters(), hparams)
         self.scheduler = torch.optim.lr_scheduler.ExponentialLR(self.optimizer, hparams.lr_decay)
         self._soft_update = SoftUpdate(self.target, self.online)
-        self._optimizer_step = OptimizerStep(self.optimizer)
         self._optimized = [p for g in self.optimizer.param_groups for p in g["params"]]
         # Set by a caller that averages gradients over ranks itself (a CUDA graph has no DDP
         # hooks): runs once the step's gradients are accumulated, before clipping.
@@ -329,12 +301,6 @@ class QLearningTrainer(Generic[BatchT]):
     def _next_value(self, batch: BatchT) -> torch.Tensor:
         """Value of the next state [B] (max or SARSA, from the target net); no grad."""
         raise NotImplementedError
-
-    def _fused_backward(self, batch: BatchT, scale: float) -> DQNLoss | None:
-        """`compute_loss` and the backward of `scale` × its total in one pass without
-        autograd (gradients added to the parameters' `.grad`), where a subclass can; None:
-        take the autograd path."""
-        return None
 
     def _reward(self, batch: BatchT) -> torch.Tensor:
         return batch.reward
@@ -395,10 +361,6 @@ class QLearningTrainer(Generic[BatchT]):
         records = []
         no_sync = getattr(self.q_net, "no_sync", None)
         for i, batch in enumerate(batches):
-            fused = self._fused_backward(batch, 1.0 / n)
-            if fused is not None:
-                records.append(fused)
-                continue
             ctx = no_sync() if (no_sync is not None and i < n - 1) else contextlib.nullcontext()
             with ctx:
                 record = self.compute_loss(batch)
@@ -408,7 +370,7 @@ class QLearningTrainer(Generic[BatchT]):
             self.grad_sync()
         if self.hp.clip_grad_norm is not None:
             torch.nn.utils.clip_grad_norm_(self.online.parameters(), self.hp.clip_grad_norm)
-        self._optimizer_step()
+        self.optimizer.step()
         self._soft_update(self.hp.target_update_rate)
         return DQNLoss.mean(records)
 

@@ -14,22 +14,11 @@ from torch import nn
 
 from reagent_lite.config import DQNWorkflowConfig
 from reagent_lite.errors import ConfigError
-from reagent_lite.models.fused import (
-    accumulate_grads,
-    fusable_here,
-    layers_backward,
-    layers_forward,
-)
-from reagent_lite.models.mlp import MLP, ReluLayers
 from reagent_lite.trainers.common import (
     DQNHyperParams,
-    DQNLoss,
     QLearningTrainer,
     double_q_value,
-    masked_logsumexp,
     masked_max,
-    masked_softmax,
-    td_loss_and_grad,
 )
 
 
@@ -99,10 +88,6 @@ class DQNTrainer(QLearningTrainer[DiscreteBatch]):
                 )
             device = next(self.online.parameters()).device
             self.reward_boost = reward_boost_vector.to(device=device, dtype=torch.float32)
-        # The CPU step without autograd (`_fused_backward`): a plain ReLU MLP that no
-        # wrapper (DDP: its reducer hooks into autograd) stands in front of. A switch for
-        # tests that compare it with the autograd path.
-        self.fused_step = q_net is self.online and isinstance(self.online, MLP)
 
     @classmethod
     def from_config(
@@ -128,11 +113,8 @@ class DQNTrainer(QLearningTrainer[DiscreteBatch]):
         q_all = self.q_net(batch.state)
         return q_all.gather(1, batch.action.unsqueeze(1)).squeeze(1), q_all
 
-    def _next_value(self, batch: DiscreteBatch, direct: _Direct | None = None) -> torch.Tensor:
-        """`direct`: the (online, target) nets' `relu_layers()`, run by
-        `models.fused.layers_forward` without their module calls (`_fused_backward`
-        checked that they may)."""
-        target_q = _run(self.target, batch.next_state, direct and direct[1])
+    def _next_value(self, batch: DiscreteBatch) -> torch.Tensor:
+        target_q = self.target(batch.next_state)
         if not self.hp.maxq_learning:
             # SARSA: the logged next action; rows without one (−1) are worth nothing.
             na = batch.next_action
@@ -142,55 +124,4 @@ class DQNTrainer(QLearningTrainer[DiscreteBatch]):
         if not self.hp.double_q_learning:
             return masked_max(target_q, mask)[0]
         # Double Q: the online net picks the action, the target net values it.
-        online_q = _run(self.online, batch.next_state, direct and direct[0])
-        return double_q_value(online_q, target_q, mask)
-
-    def _fused_backward(self, batch: DiscreteBatch, scale: float) -> DQNLoss | None:
-        """The step's forward, loss gradient and backward written out for a ReLU MLP on
-        CPU tensors: the Bellman target as `compute_target` makes it, the TD (+ CQL) loss
-        gradient with respect to Q of all actions formed directly, then
-        `models.fused.layers_backward`. Same maths as `compute_loss` + `backward()`
-        (tests/trainers/test_fused_step.py); it saves the autograd engine, the loss and
-        gather backward nodes and the gradient accumulation nodes — about a sixth of the
-        reference step on two cores."""
-        online = self.online
-        if not (self.fused_step and isinstance(online, MLP)):
-            return None
-        layers = online.trainable_relu_layers()
-        if layers is None or not fusable_here(batch.state):
-            return None
-        weights, biases, relu = layers
-        target_net = self.target
-        target_layers = target_net.unhooked_relu_layers() if isinstance(target_net, MLP) else None
-        direct = None if target_layers is None else (layers, target_layers)
-        with torch.no_grad():
-            target = self.bellman_target(batch, self._next_value(batch, direct))
-            outs = layers_forward(batch.state, weights, biases, relu)
-            q_all = outs[-1]
-            logged = batch.action.unsqueeze(1)
-            q = q_all.gather(1, logged).squeeze(1)
-            td, dq = td_loss_and_grad(q, target, self.hp.q_network_loss, scale)
-            alpha = self.hp.cql_alpha
-            if alpha > 0.0:
-                # d/dQ of α·mean(logsumexp over possible actions − Q logged): α/B·(softmax − 1ₐ)
-                mask = batch.possible_actions_mask
-                cql = (masked_logsumexp(q_all, mask) - q).mean()
-                total = td + alpha * cql
-                step = alpha * scale / len(q)
-                grad = masked_softmax(q_all, mask).mul_(step)
-                grad.scatter_add_(1, logged, (dq - step).unsqueeze(1))
-            else:
-                cql = torch.zeros((), dtype=q.dtype)
-                total = td
-                grad = torch.zeros_like(q_all).scatter_(1, logged, dq.unsqueeze(1))
-            param_grads, _ = layers_backward(outs, weights, relu, grad, grad_owned=True)
-            accumulate_grads(weights, biases, param_grads)
-        return DQNLoss(td, cql, total, q.mean())
-
-
-_Direct = tuple[ReluLayers, ReluLayers]  # (online, target) `MLP.relu_layers()`
-
-
-def _run(net: nn.Module, x: torch.Tensor, layers: ReluLayers | None) -> torch.Tensor:
-    """net(x), or with `layers` (net's `relu_layers()`) the layers alone."""
-    return net(x) if layers is None else layers_forward(x, *layers)[-1]
+        return double_q_value(self.online(batch.next_state), target_q, mask)

@@ -24,9 +24,7 @@ def test_cpu_benchmark_runs_every_contender_and_prints_the_ratios(tmp_path: Path
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     runs = json.loads(out.read_text())["runs"]
-    assert set(runs) == {
-        "ours", "ours-mkl", "ours-onednn", "ours+cpe", "ours+cpe-autograd", "bare", "products"
-    }  # fmt: skip
+    assert set(runs) == {"ours", "ours+cpe", "bare", "products"}
     for name, figures in runs.items():
         assert len(figures) == 2, name
         assert all(math.isfinite(f) and f > 0 for f in figures), (name, figures)
@@ -34,7 +32,6 @@ def test_cpu_benchmark_runs_every_contender_and_prints_the_ratios(tmp_path: Path
         "ours / bare",
         "ours / products",
         "ours+cpe / ours",
-        "ours+cpe / ours+cpe-autograd",
     ):
         assert f"  {pair}: " in proc.stdout, proc.stdout
     assert "d3rlpy" not in runs and "products / d3rlpy" not in proc.stdout

@@ -1,5 +1,6 @@
-"""The CPE side models' CPU step without autograd (`CpeModelTrainer._fused_backward`)
-against the autograd path, and where it steps aside."""
+"""The CPE side models' training step (`CpeModelTrainer.train_step`) against the maths
+written out: expected-SARSA targets of the softmax policy, squared reward error and smooth
+L1 value error over the rows with a logged action."""
 
 from __future__ import annotations
 
@@ -7,11 +8,16 @@ import copy
 
 import pytest
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from reagent_lite.data.tensordict import TensorDict
-from reagent_lite.evaluation import cpe_models
-from reagent_lite.evaluation.cpe_models import CpeModelTrainer, CpeNets
+from reagent_lite.evaluation.cpe_models import (
+    CpeModelTrainer,
+    CpeNets,
+    gather_logged,
+    masked_softmax,
+)
 from reagent_lite.kinds import KINDS
 from reagent_lite.models import build_q_network
 
@@ -62,107 +68,73 @@ def trainer(nets: CpeNets, kind: str = "dqn", *, use_time_diff: bool = True) -> 
     )
 
 
-def pair(activations: list[str] | None = None) -> tuple[CpeModelTrainer, CpeModelTrainer]:
-    torch.manual_seed(0)
-    nets = CpeNets(net(activations), net(activations))
-    fused, plain = trainer(copy.deepcopy(nets)), trainer(copy.deepcopy(nets))
-    plain.fused_step = False
-    return fused, plain
-
-
-def assert_same(a: CpeModelTrainer, b: CpeModelTrainer) -> None:
-    for x, y in zip(a.nets.parameters(), b.nets.parameters(), strict=True):
-        torch.testing.assert_close(x, y, rtol=1e-5, atol=1e-6)
-    for x, y in zip(a.target_value.parameters(), b.target_value.parameters(), strict=True):
-        torch.testing.assert_close(x, y, rtol=1e-5, atol=1e-6)
-    for p, q in zip(a.nets.parameters(), b.nets.parameters(), strict=True):
-        sa, sb = a.optimizer.state.get(p, {}), b.optimizer.state.get(q, {})
-        assert sa.keys() == sb.keys()
-        if not sa:
-            continue  # a frozen parameter: never stepped
-        torch.testing.assert_close(sa["exp_avg"], sb["exp_avg"], rtol=1e-5, atol=1e-7)
-        torch.testing.assert_close(sa["exp_avg_sq"], sb["exp_avg_sq"], rtol=1e-5, atol=1e-9)
+def reference_step(
+    nets: CpeNets, target_value: nn.Module, q_net: nn.Module, data: TensorDict, use_time_diff: bool
+) -> tuple[torch.Tensor, CpeNets]:
+    """One step of the two CPE models written out with autograd and a per-tensor Adam:
+    the loss and the nets after the step."""
+    nets = copy.deepcopy(nets)
+    opt = torch.optim.Adam(nets.parameters(), lr=0.01)
+    with torch.no_grad():
+        mask = data.possible_next_actions_mask
+        pi = masked_softmax(q_net(data.next_state), mask, 0.5)
+        v = (pi * target_value(data.next_state)).sum(-1)
+        discount = 0.9**data.time_diff if use_time_diff else 0.9
+        target = data.reward + (1.0 - data.terminal) * discount * v
+    keep = data.action >= 0
+    a = data.action[keep]
+    r_hat = nets.reward_net(data.state)[keep].gather(1, a.unsqueeze(1)).squeeze(1)
+    q_hat = nets.value_net(data.state)[keep].gather(1, a.unsqueeze(1)).squeeze(1)
+    loss = F.mse_loss(r_hat, data.reward[keep], reduction="sum") / keep.sum()
+    loss = loss + F.smooth_l1_loss(q_hat, target[keep], reduction="sum") / keep.sum()
+    loss.backward()
+    opt.step()
+    return loss.detach(), nets
 
 
 @pytest.mark.parametrize("use_time_diff", [True, False])
-def test_fused_step_equals_autograd_path(
-    monkeypatch: pytest.MonkeyPatch, use_time_diff: bool
-) -> None:
-    fused, plain = pair()
-    fused.use_time_diff = plain.use_time_diff = use_time_diff
+def test_step_equals_the_maths_written_out(use_time_diff: bool) -> None:
+    torch.manual_seed(0)
+    nets = CpeNets(net(), net())
+    cpe = trainer(copy.deepcopy(nets), use_time_diff=use_time_diff)
     torch.manual_seed(1)
     q_net = net()
-    calls = []
-    real = cpe_models.layers_backward
-    monkeypatch.setattr(
-        cpe_models, "layers_backward", lambda *a, **k: calls.append(1) or real(*a, **k)
-    )
-    # The first step's value-loss errors meet both branches of the smooth L1 (|x| < 1, > 1).
     data = batch(0)
+    # The value errors meet both branches of the smooth L1 (|x| < 1 and > 1).
     with torch.no_grad():
-        mask = data.possible_next_actions_mask
-        pi = cpe_models.masked_softmax(q_net(data.next_state), mask, plain.temperature)
-        v = (pi * plain.target_value(data.next_state)).sum(-1)
-        discount = 0.9**data.time_diff if use_time_diff else 0.9
-        target = data.reward + (1.0 - data.terminal) * discount * v
-        q_hat = plain._raw().value_net(data.state)
-        err = (cpe_models.gather_logged(q_hat, data.action) - target).abs()[data.action >= 0]
+        q_hat = gather_logged(nets.value_net(data.state), data.action)
+        err = (q_hat - data.reward).abs()[data.action >= 0]
     assert (err < 1.0).any() and (err > 1.0).any()
-    for step in range(4):
-        data = batch(step)
-        before = [p.detach().clone() for p in fused.nets.parameters()]
-        loss_fused = fused.train_step(data, q_net)
-        loss_plain = plain.train_step(data, q_net)
-        torch.testing.assert_close(loss_fused, loss_plain, rtol=1e-5, atol=1e-6)
-        assert_same(fused, plain)
-        moved = [
-            not torch.equal(p, q) for p, q in zip(before, fused.nets.parameters(), strict=True)
-        ]
-        assert all(moved)  # every layer of both nets got a gradient
-    assert len(calls) == 4 * 2  # both nets, every step, took the path without autograd
-
-
-def test_fused_step_steps_aside_where_it_cannot_run(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Tanh layers (not the fused ReLU MLP), a forward hook on the pair and a frozen layer
-    keep autograd: trained as before, the hook runs, `layers_backward` is never called."""
-    calls = []
-    real = cpe_models.layers_backward
-    monkeypatch.setattr(
-        cpe_models, "layers_backward", lambda *a, **k: calls.append(1) or real(*a, **k)
-    )
-    q_net = net()
-
-    def hooked() -> tuple[CpeModelTrainer, CpeModelTrainer]:
-        fused, plain = pair()
-        fused._raw().register_forward_hook(lambda *_: seen.append(1))
-        return fused, plain
-
-    def frozen() -> tuple[CpeModelTrainer, CpeModelTrainer]:
-        fused, plain = pair()
-        for t in (fused, plain):
-            next(t._raw().value_net.parameters()).requires_grad_(False)
-        return fused, plain
-
-    seen: list[int] = []
-    for make in (lambda: pair(["tanh", "tanh", "linear"]), hooked, frozen):
-        fused, plain = make()
-        for step in range(2):
-            data = batch(step)
-            torch.testing.assert_close(fused.train_step(data, q_net), plain.train_step(data, q_net))
-        assert_same(fused, plain)
-    assert calls == []
-    assert len(seen) == 2
+    want_loss, want = reference_step(nets, cpe.target_value, q_net, data, use_time_diff)
+    got_loss = cpe.train_step(data, q_net)
+    torch.testing.assert_close(got_loss, want_loss, rtol=1e-5, atol=1e-6)
+    for x, y, before in zip(
+        cpe.nets.parameters(), want.parameters(), nets.parameters(), strict=True
+    ):
+        torch.testing.assert_close(x, y, rtol=1e-5, atol=1e-6)
+        assert not torch.equal(x, before)  # every layer of both nets got a gradient
+    # The target value net follows the value net softly (τ = 0.1).
+    for t, v, v0 in zip(
+        cpe.target_value.parameters(),
+        want.value_net.parameters(),
+        nets.value_net.parameters(),
+        strict=True,
+    ):
+        torch.testing.assert_close(t, 0.9 * v0 + 0.1 * v, rtol=1e-5, atol=1e-6)
 
 
 def test_rows_without_a_logged_action_add_nothing_even_with_a_bad_reward() -> None:
     """A row whose logged action is −1 gets no gradient from either loss, also when its
-    reward is not finite (the fused step must not turn inf · 0 into NaN parameters)."""
-    fused, plain = pair()
-    data = batch(0)
-    data.reward[0] = float("inf")  # row 0 has action −1
+    reward is not finite (inf · 0 must not become NaN parameters)."""
+    torch.manual_seed(0)
+    nets = CpeNets(net(), net())
+    bad, good = trainer(copy.deepcopy(nets)), trainer(copy.deepcopy(nets))
     q_net = net()
-    fused.train_step(data, q_net)
-    plain.train_step(data, q_net)
-    for p in fused.nets.parameters():
+    data, clean = batch(0), batch(0)
+    data.reward[0] = float("inf")  # row 0 has action −1
+    clean.reward[0] = 0.0
+    bad_loss, good_loss = bad.train_step(data, q_net), good.train_step(clean, q_net)
+    assert torch.isfinite(bad_loss) and torch.equal(bad_loss, good_loss)
+    for p, q in zip(bad.nets.parameters(), good.nets.parameters(), strict=True):
         assert torch.isfinite(p).all()
-    assert_same(fused, plain)
+        torch.testing.assert_close(p, q, rtol=0, atol=0)
