@@ -44,6 +44,7 @@ from reagent_lite.distributed.context import DistContext
 from reagent_lite.distributed.plan import LaunchPlan
 from reagent_lite.distributed.rendezvous import FileRendezvous
 from reagent_lite.errors import DistributedError, ReagentLiteError
+from reagent_lite.torch_private import abort_process_groups
 
 log = logging.getLogger(__name__)
 
@@ -170,11 +171,7 @@ def _leave_group(failed: bool) -> None:
 def _abort_groups() -> None:
     """Aborts every process group without waiting for peers, and unregisters them (so this
     process could initialise a new one, as a launch from the same process does)."""
-    abort_all = getattr(dist.distributed_c10d, "_abort_process_group", None)
-    if abort_all is not None:  # torch's own: aborts and forgets every group
-        abort_all()
-    else:
-        dist.group.WORLD.abort()  # type: ignore[union-attr]
+    abort_process_groups()
 
 
 def _classify(exc: BaseException, rank: int, timeout_s: float) -> BaseException:

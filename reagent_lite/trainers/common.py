@@ -20,6 +20,7 @@ from torch import nn
 
 from reagent_lite.config import BaseWorkflowConfig
 from reagent_lite.errors import ConfigError
+from reagent_lite.torch_private import foreach_lerp_
 
 OPTIMIZERS = ("adam", "adamw", "sgd", "rmsprop")
 LOSSES = ("mse", "huber")
@@ -192,7 +193,7 @@ class SoftUpdate:
     @torch.no_grad()
     def __call__(self, tau: float) -> None:
         if self.targets:
-            torch._foreach_lerp_(self.targets, self.sources, tau)
+            foreach_lerp_(self.targets, self.sources, tau)
         for t_buf, o_buf in self.buffers:
             t_buf.copy_(o_buf)
 

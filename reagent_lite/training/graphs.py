@@ -21,6 +21,8 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
+from reagent_lite.torch_private import foreach_copy_, silence_capturable_warning
+
 
 def adam_family(opt: torch.optim.Optimizer) -> bool:
     return type(opt) in (torch.optim.Adam, torch.optim.AdamW)
@@ -31,7 +33,7 @@ def make_capturable(opt: torch.optim.Optimizer, device: torch.device, lr_tensor:
     learning rate changes between epochs) the lr as a device tensor the graph reads."""
     opt.defaults["capturable"] = True
     # Warm-up and evaluation run it outside a graph on purpose: no warning about that.
-    opt._warned_capturable_if_run_uncaptured = True
+    silence_capturable_warning(opt)
     for group in opt.param_groups:
         group["capturable"] = True
         lr = group["lr"]
@@ -99,7 +101,7 @@ class GradAllReduce:
         flat.div_(self.world_size)
         dist.all_reduce(flat, op=dist.ReduceOp.SUM)
         parts = flat.split([g.numel() for g in grads])
-        torch._foreach_copy_(grads, [part.view_as(g) for part, g in zip(parts, grads, strict=True)])
+        foreach_copy_(grads, [part.view_as(g) for part, g in zip(parts, grads, strict=True)])
 
 
 class WarmupSnapshot:
