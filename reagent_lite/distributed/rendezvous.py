@@ -5,12 +5,8 @@ makes the next run hang or talk to dead ports. So the user's ``file:///nfs/dir/n
 names a *base*; one coordinator per node (the launcher, before it spawns local workers)
 meets the others in ``<base>.rdzv/`` and node 0 hands out a fresh store file per run:
 
-* node k claims ``node_<k>.lock`` with ``O_CREAT | O_EXCL`` and heartbeats it (touches it
-  every `heartbeat_s`) for the whole run;
-* an existing claim is *stale* when its heartbeat is older than `stale_after_s` (measured
-  against a probe file this process has just touched on the same filesystem, so the clocks
-  of different hosts never matter), when it belongs to a dead process on this host, or when
-  its heartbeat does not move for `liveness_window_s`; a stale claim is taken over, a live
+* node k claims ``node_<k>.lock`` and heartbeats it (touches it every `heartbeat_s`) for
+  the whole run (`claims.py`: when a claim is stale); a stale claim is taken over, a live
   one means the node index is used twice: `DistributedError` at once;
 * node 0 waits until every node's claim is seen heartbeating, checks they agree on
   processes per node, and writes ``session.json`` atomically (temp + rename) naming a new
@@ -35,6 +31,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
+from reagent_lite.distributed.claims import Claim, ClaimBoard, read_json, unlink
 from reagent_lite.errors import DistributedError
 
 log = logging.getLogger(__name__)
@@ -54,15 +51,6 @@ class Session:
     @property
     def init_method(self) -> str:
         return self.store_path.as_uri()
-
-
-@dataclass
-class _Claim:
-    data: dict[str, Any]  # {} when the file could not be parsed (being written)
-    mtime_ns: int
-
-    def who(self) -> str:
-        return f"host {self.data.get('host', '?')} pid {self.data.get('pid', '?')}"
 
 
 class FileRendezvous:
@@ -96,6 +84,15 @@ class FileRendezvous:
         self.lost_claim = False
         self._stop = threading.Event()
         self._heartbeat: threading.Thread | None = None
+        self.board = ClaimBoard(
+            self.dir,
+            claim_id=self.claim_id,
+            host=self.host,
+            timeout_s=timeout_s,
+            stale_after_s=self.stale_after_s,
+            liveness_window_s=self.liveness_window_s,
+            poll_s=poll_s,
+        )
 
     # ---------------------------------------------------------------- public
     def __enter__(self) -> Session:
@@ -113,7 +110,12 @@ class FileRendezvous:
         """Claim this node's index, meet the others and return the run's session."""
         deadline = time.monotonic() + self.timeout_s
         try:
-            self._claim(deadline)
+            fields = {
+                "node_index": self.node_index,
+                "num_nodes": self.num_nodes,
+                "procs_per_node": self.procs_per_node,
+            }
+            self.board.acquire(self.node_index, fields, deadline)
             self._heartbeat = threading.Thread(
                 target=self._beat, name=f"rdzv-heartbeat-node{self.node_index}", daemon=True
             )
@@ -134,123 +136,23 @@ class FileRendezvous:
         if self._heartbeat is not None:
             self._heartbeat.join(timeout=5 * self.heartbeat_s)
         if self.node_index == 0 and success and self.session is not None:
-            _unlink(self.session.store_path)
-            current = _read_json(self.dir / SESSION_FILE)
+            unlink(self.session.store_path)
+            current = read_json(self.dir / SESSION_FILE)
             if current and current.get("session_id") == self.session.session_id:
-                _unlink(self.dir / SESSION_FILE)
-        claim = self._read_claim(self._lock(self.node_index))
+                unlink(self.dir / SESSION_FILE)
+        claim = self.board.read(self.board.lock(self.node_index))
         if claim is not None and claim.data.get("uuid") == self.claim_id:
-            _unlink(self._lock(self.node_index))
+            unlink(self.board.lock(self.node_index))
         # Best effort: the directory goes when the last node leaves a clean run.
         for d in (self.dir, self.dir.parent):
             if d.name.endswith(".rdzv") or d == self.dir:
                 with contextlib.suppress(OSError):
                     d.rmdir()
 
-    # ---------------------------------------------------------------- claim
-    def _lock(self, k: int) -> Path:
-        return self.dir / f"node_{k}.lock"
-
-    def _claim(self, deadline: float) -> None:
-        lock = self._lock(self.node_index)
-        payload = json.dumps(
-            {
-                "uuid": self.claim_id,
-                "host": self.host,
-                "pid": os.getpid(),
-                "node_index": self.node_index,
-                "num_nodes": self.num_nodes,
-                "procs_per_node": self.procs_per_node,
-            }
-        ).encode()
-        while True:
-            try:
-                self.dir.mkdir(parents=True, exist_ok=True)
-            except OSError as exc:  # not a directory we may create (a read-only or virtual
-                # filesystem, a file in the way): waiting would not change that
-                raise DistributedError(
-                    f"cannot create the rendezvous directory {self.dir}: {exc.strerror} "
-                    "(init_method must name a writable path on the filesystem shared by all "
-                    "nodes)"
-                ) from exc
-            try:
-                fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
-            except FileExistsError:
-                pass
-            except FileNotFoundError:  # the directory vanished under us (a finishing run)
-                if time.monotonic() > deadline:
-                    raise DistributedError(
-                        f"rendezvous timed out after {self.timeout_s:g}s trying to claim "
-                        f"node_index {self.node_index} ({lock}): its directory kept vanishing"
-                    ) from None
-                continue
-            except OSError as exc:
-                raise DistributedError(
-                    f"cannot create rendezvous file {lock}: {exc.strerror} (init_method must "
-                    "name a writable path on the filesystem shared by all nodes)"
-                ) from exc
-            else:
-                try:
-                    os.write(fd, payload)
-                    os.fsync(fd)
-                finally:
-                    os.close(fd)
-                return
-            if time.monotonic() > deadline:
-                raise DistributedError(
-                    f"rendezvous timed out after {self.timeout_s:g}s trying to claim "
-                    f"node_index {self.node_index} ({lock})"
-                )
-            existing = self._read_claim(lock)
-            if existing is None:
-                continue  # removed meanwhile: try again
-            if self._is_live(lock, existing):
-                raise DistributedError(
-                    f"node_index {self.node_index} is already claimed by {existing.who()} "
-                    f"({lock}): was --node_index={self.node_index} given to two nodes, or is "
-                    "an earlier run of this job still running?"
-                )
-            log.warning(
-                "taking over stale rendezvous claim of node_index %d left by %s",
-                self.node_index,
-                existing.who(),
-            )
-            self._remove_if_same(lock, existing)
-
-    def _is_live(self, lock: Path, claim: _Claim) -> bool:
-        """Whether the claim's owner is still heartbeating (see module docstring)."""
-        if self._fs_now_ns() - claim.mtime_ns > self.stale_after_s * 1e9:
-            return False
-        if claim.data.get("host") == self.host and not _pid_alive(claim.data.get("pid")):
-            return False
-        end = time.monotonic() + self.liveness_window_s
-        while time.monotonic() < end:
-            time.sleep(self.poll_s)
-            now = self._read_claim(lock)
-            if now is None:
-                return False  # gone: claim again
-            if now.mtime_ns != claim.mtime_ns or now.data.get("uuid") != claim.data.get("uuid"):
-                return True
-        return False
-
-    def _remove_if_same(self, lock: Path, stale: _Claim) -> None:
-        # Rename first so two nodes taking over at once cannot delete each other's new claim:
-        # whoever moved a claim that is not the stale one puts it back.
-        tomb = lock.with_name(f"{lock.name}.stale-{self.claim_id}")
-        try:
-            os.rename(lock, tomb)
-        except FileNotFoundError:
-            return
-        moved = _read_json(tomb)
-        if moved is not None and moved.get("uuid") != stale.data.get("uuid"):
-            with contextlib.suppress(OSError):
-                os.link(tomb, lock)
-        _unlink(tomb)
-
     def _beat(self) -> None:
-        lock = self._lock(self.node_index)
+        lock = self.board.lock(self.node_index)
         while not self._stop.wait(self.heartbeat_s):
-            data = _read_json(lock)
+            data = read_json(lock)
             if data is not None and data.get("uuid") != self.claim_id:
                 self.lost_claim = True
                 log.error("rendezvous claim %s was taken over by another process", lock)
@@ -258,52 +160,28 @@ class FileRendezvous:
             with contextlib.suppress(OSError):
                 os.utime(lock)
 
-    def _fs_now_ns(self) -> int:
-        """The shared filesystem's idea of "now": the mtime of a file created just now."""
-        probe = self.dir / f"probe_{self.claim_id}_{uuid.uuid4().hex[:8]}"
-        fd = os.open(probe, os.O_CREAT | os.O_WRONLY, 0o644)
-        try:
-            return os.fstat(fd).st_mtime_ns
-        finally:
-            os.close(fd)
-            _unlink(probe)
-
-    def _read_claim(self, lock: Path) -> _Claim | None:
-        # open + fstat rather than stat: on NFS, open() revalidates the attribute cache.
-        try:
-            with open(lock, "rb") as f:
-                mtime = os.fstat(f.fileno()).st_mtime_ns
-                raw = f.read()
-        except (FileNotFoundError, NotADirectoryError):  # no claim (or no directory) there
-            return None
-        try:
-            data = json.loads(raw)
-        except ValueError:
-            data = {}  # still being written
-        return _Claim(data if isinstance(data, dict) else {}, mtime)
-
     # ---------------------------------------------------------------- node 0
     def _clear_leftovers(self) -> None:
         # Holding node 0's claim makes this process the only leader of this directory, so
         # whatever session or store is here belongs to a finished or crashed run.
-        _unlink(self.dir / SESSION_FILE)
-        now = self._fs_now_ns()
+        unlink(self.dir / SESSION_FILE)
+        now = self.board.fs_now_ns()
         for p in self.dir.iterdir():
             if p.name.startswith(("store-", "session.json.tmp")) or ".stale-" in p.name:
-                _unlink(p)
+                unlink(p)
             elif p.name.startswith("probe_"):
                 with contextlib.suppress(OSError):
                     if now - p.stat().st_mtime_ns > self.stale_after_s * 1e9:
-                        _unlink(p)
+                        unlink(p)
 
     def _lead(self, deadline: float) -> Session:
-        first: dict[int, _Claim] = {}
-        live: dict[int, _Claim] = {}
+        first: dict[int, Claim] = {}
+        live: dict[int, Claim] = {}
         while True:
             for k in range(1, self.num_nodes):
                 if k in live:
                     continue
-                claim = self._read_claim(self._lock(k))
+                claim = self.board.read(self.board.lock(k))
                 if claim is None or not claim.data:
                     continue
                 seen = first.get(k)
@@ -364,7 +242,7 @@ class FileRendezvous:
     # ---------------------------------------------------------------- nodes > 0
     def _follow(self, deadline: float) -> Session:
         while True:
-            rec = _read_json(self.dir / SESSION_FILE)
+            rec = read_json(self.dir / SESSION_FILE)
             if rec is not None and self.claim_id in rec.get("members", ()):
                 if rec.get("error"):
                     raise DistributedError(str(rec["error"]))
@@ -393,14 +271,14 @@ class FileRendezvous:
             f"rendezvous timed out after {self.timeout_s:g}s on node_index {self.node_index}: "
             "node 0 never published a session including this node"
         )
-        lead = self._read_claim(self._lock(0))
+        lead = self.board.read(self.board.lock(0))
         if lead is None:
             why = "node 0 never arrived (no node_0.lock)"
-        elif self._fs_now_ns() - lead.mtime_ns > self.stale_after_s * 1e9:
+        elif self.board.is_stale(lead):
             why = f"node 0's claim is stale ({lead.who()} stopped heartbeating)"
         else:
             absent = [
-                k for k in range(1, self.num_nodes) if self._read_claim(self._lock(k)) is None
+                k for k in range(1, self.num_nodes) if self.board.read(self.board.lock(k)) is None
             ]
             why = (
                 f"node 0 ({lead.who()}) is up but still waiting for other nodes"
@@ -408,33 +286,3 @@ class FileRendezvous:
                 + f"; check that all {self.num_nodes} nodes were started with the same num_nodes"
             )
         return f"{head}: {why} (rendezvous directory {self.dir})"
-
-
-def _read_json(path: Path) -> dict[str, Any] | None:
-    try:
-        data = json.loads(path.read_bytes())
-    except (FileNotFoundError, ValueError):
-        return None
-    return data if isinstance(data, dict) else None
-
-
-def _unlink(path: Path) -> None:
-    with contextlib.suppress(FileNotFoundError):
-        path.unlink()
-
-
-def _pid_alive(pid: object) -> bool:
-    if not isinstance(pid, int) or pid <= 0:
-        return True  # unknown: let the heartbeat decide
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    # A killed process that nobody has reaped yet still answers signal 0.
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return True
-    return stat.rsplit(")", 1)[-1].split()[0] != "Z"
