@@ -1,4 +1,4 @@
-"""Step logs → training table (SPEC §2.2).
+"""Step logs → training table (docs/DATA_FORMAT.md).
 
     python -m workflows.timeline --input steps.parquet --output table.parquet \
         [--eval-output eval.parquet] [--eval-fraction 0.1] [--seed 0]

@@ -1,4 +1,4 @@
-"""Per-step logs → the training table of SPEC §2.1 (SPEC §2.2).
+"""Per-step logs → the training table (docs/DATA_FORMAT.md).
 
 Each logged step knows its own state, action, reward and candidates; a transition also needs
 what came next. Rows are sorted by (mdp_id, sequence_number) and every step is paired with
@@ -54,7 +54,7 @@ OUTPUT_ORDER = (
 )
 
 # Row-group size of written tables: small enough that a few thousand episodes still give
-# every rank of a multi-GPU job its own row groups (SPEC §2.4).
+# every rank of a multi-GPU job its own row groups (docs/DISTRIBUTED.md).
 ROW_GROUP_SIZE = 16_384
 
 
@@ -68,7 +68,7 @@ def build_training_table(
     """Pair consecutive steps of each episode into transitions and split train / eval.
 
     `source` names the input in error messages (usually its file path). Returns
-    `(train, eval)`, both sorted by (mdp_id, sequence_number), with the columns of SPEC §2.1.
+    `(train, eval)`, both sorted by (mdp_id, sequence_number), with the training table's columns.
     Raises `DataError` for missing columns, nulls in key columns, bad propensities or
     duplicate (mdp_id, sequence_number) pairs.
     """
@@ -208,7 +208,7 @@ def _pair(steps: pa.Table, next_idx: np.ndarray, gaps: np.ndarray) -> pa.Table:
         filler = _filler(col, dense_state=src == "state" and len(col) > 0)
         columns[dst] = _with_filler(col, filler).take(indices)
     columns["time_diff"] = pa.array(gaps, type=pa.int64())
-    # SPEC §2.1 order first, then any extra columns of the logs (e.g. a date partition).
+    # The training table's column order first, then any extra columns of the logs (e.g. a date partition).
     names = [c for c in OUTPUT_ORDER if c in columns]
     names += [c for c in columns if c not in OUTPUT_ORDER]
     return pa.table({c: columns[c] for c in names})

@@ -1,4 +1,4 @@
-"""Ranks, launch plans, process spawning and the file rendezvous (SPEC §4).
+"""Ranks, launch plans, process spawning and the file rendezvous (docs/DISTRIBUTED.md).
 
 Everything else receives a `DistContext` and never asks `torch.distributed` who it is.
 """

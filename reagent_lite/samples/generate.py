@@ -78,7 +78,7 @@ def generate_sample_data(
     eval_data_path: str | os.PathLike[str] | None = None,
     steps_path: str | os.PathLike[str] | None = None,
 ) -> SampleData:
-    """Generate step logs and turn them into train / eval tables (SPEC §2.2).
+    """Generate step logs and turn them into train / eval tables (docs/DATA_FORMAT.md).
 
     Each field is taken from its keyword argument if given (not None), else from `params`
     (a mapping, or any object with these attributes such as a config's `sample_data`

@@ -1,4 +1,4 @@
-"""Roll a logging policy through a gymnasium environment and record SPEC §2.2 step logs.
+"""Roll a logging policy through a gymnasium environment and record step logs (docs/DATA_FORMAT.md).
 
 Any env with a `Discrete` action space and a `Box` observation space works. Feature ids are
 observation indices as strings ("0", "1", ...), action names are action indices as strings.

@@ -54,7 +54,7 @@ class Contexts:
         action_feature_ids: list[str] | None = None,
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """float32 `(state_values, state_presence, action_values, action_presence,
-        candidate_mask)` as the exported parametric model takes them (SPEC §5), with the
+        candidate_mask)` as the exported parametric model takes them, with the
         features in the given order (default: this env's order; unknown ids are absent)."""
         s_idx = _reorder(self.state_feature_ids, state_feature_ids)
         a_idx = _reorder(self.action_feature_ids, action_feature_ids)

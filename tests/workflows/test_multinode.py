@@ -1,6 +1,6 @@
 """Multi-node workflows with every node a separate OS process (gloo, file:// rendezvous).
 
-What SPEC §4 promises, checked on tiny data:
+What the distributed contract (docs/DISTRIBUTED.md) promises, checked on tiny data:
 
 * 2 nodes (dqn, whole-file shards) and 3 nodes (parametric_dqn, 1001 rows in row-range
   shards of 333/334/334) train to completion; with ``REAGENT_LITE_VERIFY_REPLICAS=1`` every
