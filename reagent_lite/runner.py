@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from reagent_lite.cli import WorkflowArgs, configure_logging, parse_workflow_args, run_cli
-from reagent_lite.config import BaseWorkflowConfig, config_class, load_config
+from reagent_lite.config import WorkflowConfig, config_class, load_config
 from reagent_lite.errors import ConfigError
 
 WorkflowKind = Literal["dqn", "parametric_dqn"]
@@ -31,7 +31,7 @@ def main(kind: WorkflowKind, argv: list[str] | None = None) -> None:
 def _main(kind: WorkflowKind, argv: list[str] | None) -> None:
     configure_logging()
     args = parse_workflow_args(argv, prog=_PROGS[kind])
-    cfg = load_config(args.config, config_class(kind))
+    cfg: WorkflowConfig = load_config(args.config, config_class(kind))
     check_node_index(cfg, args.node_index, str(args.config))
     # Absolute paths from here on, so every process and node means the same files.
     cfg = cfg.resolved()
@@ -44,7 +44,7 @@ def _main(kind: WorkflowKind, argv: list[str] | None) -> None:
     run_training(kind, cfg, args)
 
 
-def check_node_index(cfg: BaseWorkflowConfig, node_index: int, source: str) -> None:
+def check_node_index(cfg: WorkflowConfig, node_index: int, source: str) -> None:
     """`ConfigError` unless 0 ≤ node_index < num_nodes."""
     if not 0 <= node_index < cfg.num_nodes:
         raise ConfigError(
@@ -53,7 +53,7 @@ def check_node_index(cfg: BaseWorkflowConfig, node_index: int, source: str) -> N
         )
 
 
-def describe_dry_run(kind: WorkflowKind, cfg: BaseWorkflowConfig, args: WorkflowArgs) -> str:
+def describe_dry_run(kind: WorkflowKind, cfg: WorkflowConfig, args: WorkflowArgs) -> str:
     """The resolved plan: config, launch layout, data shards and outputs."""
     lines = [
         f"config: {Path(args.config).resolve()}",
@@ -78,14 +78,14 @@ def describe_dry_run(kind: WorkflowKind, cfg: BaseWorkflowConfig, args: Workflow
     return "\n".join(lines)
 
 
-def _launch_plan(cfg: BaseWorkflowConfig, args: WorkflowArgs) -> tuple[int, str]:
+def _launch_plan(cfg: WorkflowConfig, args: WorkflowArgs) -> tuple[int, str]:
     from reagent_lite.training.entry import make_plan
 
     plan = make_plan(cfg, args.node_index, args.run_id)
     return plan.world_size, plan.describe()
 
 
-def _data_lines(path: str, world_size: int, cfg: BaseWorkflowConfig) -> list[str]:
+def _data_lines(path: str, world_size: int, cfg: WorkflowConfig) -> list[str]:
     if not Path(path).exists():
         if cfg.sample_data is not None:
             s = cfg.sample_data
@@ -101,7 +101,7 @@ def _data_lines(path: str, world_size: int, cfg: BaseWorkflowConfig) -> list[str
     return [f"{path}: {world_size} shard(s)", *str("\n".join(map(str, shards))).splitlines()]
 
 
-def _require_data(kind: WorkflowKind, cfg: BaseWorkflowConfig) -> None:
+def _require_data(kind: WorkflowKind, cfg: WorkflowConfig) -> None:
     """What the run would refuse before training, the dry run refuses too (same codes)."""
     from reagent_lite.training.entry import check_input_paths
 
@@ -128,7 +128,7 @@ def _require_data(kind: WorkflowKind, cfg: BaseWorkflowConfig) -> None:
             check_columns(table, kind, path, types=typed)
 
 
-def _exists(path: str, cfg: BaseWorkflowConfig) -> str:
+def _exists(path: str, cfg: WorkflowConfig) -> str:
     if Path(path).exists():
         return "exists"
     return "missing, will be generated" if cfg.sample_data is not None else "MISSING"

@@ -92,7 +92,7 @@ HORIZON_IGNORED: dict[str, dict[str, CompatKey]] = {
 HORIZON_RENAMED: dict[str, dict[str, str]] = {"training": {"use_layer_norm": "layer_norm"}}
 
 
-def config_class(kind: str) -> type[BaseWorkflowConfig]:
+def config_class(kind: str) -> type[DQNWorkflowConfig] | type[ParametricDQNWorkflowConfig]:
     """The config model of workflow `kind` ("dqn" or "parametric_dqn")."""
     if kind == "dqn":
         return DQNWorkflowConfig

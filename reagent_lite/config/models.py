@@ -477,6 +477,13 @@ class BaseWorkflowConfig(_Model):
             "model_output_path",
         ]
 
+    def optional_inputs(self) -> dict[str, str | None]:
+        """The optional input files of this workflow, by config key."""
+        return {
+            "eval_data_path": self.eval_data_path,
+            "state_norm_data_path": self.state_norm_data_path,
+        }
+
 
 class DQNWorkflowConfig(BaseWorkflowConfig):
     """Discrete-action DQN workflow (`python -m workflows.dqn_workflow`)."""
@@ -569,6 +576,9 @@ class ParametricDQNWorkflowConfig(BaseWorkflowConfig):
 
     def _path_fields(self) -> list[str]:
         return [*super()._path_fields(), "action_norm_data_path"]
+
+    def optional_inputs(self) -> dict[str, str | None]:
+        return {**super().optional_inputs(), "action_norm_data_path": self.action_norm_data_path}
 
 
 WorkflowConfig = DQNWorkflowConfig | ParametricDQNWorkflowConfig

@@ -51,6 +51,6 @@ def test_sample_data_never_replaces_an_existing_eval_file(tmp_path: Path) -> Non
         sample_data={"kind": "gym", "episodes": 20},
     )
     with pytest.raises(ConfigError, match=r"eval_data_path: .* exists but training_data_path"):
-        preflight("dqn", cfg, make_plan(cfg, 0, None))
+        preflight(cfg, make_plan(cfg, 0, None))
     assert mine.read_bytes() == b"the user's own eval data"
     assert not (tmp_path / "new" / "train.parquet").exists()
