@@ -90,6 +90,27 @@ def check_scored(table: pa.Table, kind: str, source: str) -> str:
     return used[0][1]
 
 
+def state_matrix(table: pa.Table, column: str, ids: list[str], source: str) -> np.ndarray:
+    """The state features of `table` (its state column `column`) in the model's order
+    (`ids`), NaN = absent; a `DataError` when the table cannot hold the model's features."""
+    col = table.column(column)
+    if is_dense(col.type) and len(col) and ids:
+        width, last = int(list_lengths(col).max()), max(int(f) for f in ids)
+        if 0 < width <= last:
+            raise DataError(
+                f"{source}: column '{column}': dense feature lists of {width} values; the"
+                f" model reads feature ids up to {last}"
+            )
+    values = feature_matrix(col, ids)
+    if len(values) and np.isnan(values).all():
+        raise DataError(
+            f"column '{column}': no row holds any of the model's state features (ids "
+            f"{ids[:8]}{' ...' if len(ids) > 8 else ''}): is this data from another "
+            "problem or feature set?"
+        )
+    return values
+
+
 class Predictor:
     """A loaded `model.pt2` plus the metadata that says how to feed it."""
 
@@ -107,26 +128,6 @@ class Predictor:
         self.kind: str = self.meta["workflow"]
         self.program = torch.export.load(str(model_path)).module()
 
-    def _state(self, table: pa.Table, column: str, source: str) -> np.ndarray:
-        """The state features in the model's order, NaN = absent."""
-        ids = self.meta["state_feature_ids"]
-        col = table.column(column)
-        if is_dense(col.type) and len(col) and ids:
-            width, last = int(list_lengths(col).max()), max(int(f) for f in ids)
-            if 0 < width <= last:
-                raise DataError(
-                    f"{source}: column '{column}': dense feature lists of {width} values; the"
-                    f" model reads feature ids up to {last}"
-                )
-        values = feature_matrix(col, ids)
-        if len(values) and np.isnan(values).all():
-            raise DataError(
-                f"column '{column}': no row holds any of the model's state features (ids "
-                f"{ids[:8]}{' ...' if len(ids) > 8 else ''}): is this data from another "
-                "problem or feature set?"
-            )
-        return values
-
     @torch.no_grad()
     def score(self, table: pa.Table, batch_size: int = 65_536, source: str = "data") -> pa.Table:
         """`table` with the scores appended; `source` names it in errors."""
@@ -134,37 +135,43 @@ class Predictor:
             raise ConfigError(
                 f"--batch-size: expected a positive number of rows (got {batch_size})"
             )
-        state, presence = _values_and_presence(
-            self._state(table, check_scored(table, self.kind, source), source)
-        )
+        column = check_scored(table, self.kind, source)
+        ids = self.meta["state_feature_ids"]
+        state = _values_and_presence(state_matrix(table, column, ids, source))
         if self.kind == "dqn":
-            parts = [
-                self.program(state[s : s + batch_size], presence[s : s + batch_size])
-                for s in range(0, len(state), batch_size)
-            ]
-            n_actions = len(self.meta["actions"])
-            q = torch.cat(parts).numpy() if parts else np.zeros((0, n_actions), np.float32)
-            actions = np.asarray(self.meta["actions"], dtype=object)
-            best = actions[q.argmax(axis=1)] if len(q) else np.asarray([], dtype=object)
-            return table.append_column(
-                "q_values", pa.array(list(q), type=pa.list_(pa.float32()))
-            ).append_column("best_action", pa.array(best.tolist(), type=pa.string()))
+            return self._score_actions(table, state, batch_size)
+        return self._score_candidates(table, state, batch_size, source)
+
+    def _batches(self, inputs: tuple[torch.Tensor, ...], batch_size: int) -> list[torch.Tensor]:
+        n = len(inputs[0])
+        return [
+            self.program(*(x[s : s + batch_size] for x in inputs)) for s in range(0, n, batch_size)
+        ]
+
+    def _score_actions(
+        self, table: pa.Table, state: tuple[torch.Tensor, torch.Tensor], batch_size: int
+    ) -> pa.Table:
+        parts = self._batches(state, batch_size)
+        n_actions = len(self.meta["actions"])
+        q = torch.cat(parts).numpy() if parts else np.zeros((0, n_actions), np.float32)
+        actions = np.asarray(self.meta["actions"], dtype=object)
+        best = actions[q.argmax(axis=1)] if len(q) else np.asarray([], dtype=object)
+        return table.append_column(
+            "q_values", pa.array(list(q), type=pa.list_(pa.float32()))
+        ).append_column("best_action", pa.array(best.tolist(), type=pa.string()))
+
+    def _score_candidates(
+        self,
+        table: pa.Table,
+        state: tuple[torch.Tensor, torch.Tensor],
+        batch_size: int,
+        source: str,
+    ) -> pa.Table:
         col = table.column("possible_actions")
         k = max(1, int(list_lengths(col).max())) if len(col) else 1
         raw, mask = candidate_tensor(col, self.meta["action_feature_ids"], k, source)
-        cands, cand_presence = _values_and_presence(raw)
-        parts = []
-        for s in range(0, len(state), batch_size):
-            e = s + batch_size
-            parts.append(
-                self.program(
-                    state[s:e],
-                    presence[s:e],
-                    cands[s:e],
-                    cand_presence[s:e],
-                    torch.from_numpy(mask[s:e]),
-                )
-            )
+        inputs = (*state, *_values_and_presence(raw), torch.from_numpy(mask))
+        parts = self._batches(inputs, batch_size)
         scores = torch.cat(parts).numpy() if parts else np.zeros((0, k), np.float32)
         lengths = mask.sum(axis=1).astype(np.int64)
         order = np.argsort(-scores, axis=1, kind="stable")

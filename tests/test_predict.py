@@ -9,7 +9,7 @@ import pyarrow as pa
 import pytest
 
 from reagent_lite.errors import DataError
-from reagent_lite.predict import Predictor, check_scored
+from reagent_lite.predict import check_scored, state_matrix
 from tests.data.test_validate import FMAP, dqn_rows, dqn_table, parametric_rows, parametric_table
 
 
@@ -61,14 +61,13 @@ def test_scored_tables_need_only_the_columns_scoring_reads() -> None:
 
 
 def test_state_in_the_models_order() -> None:
-    predictor = Predictor.__new__(Predictor)  # (no model needed to read the state)
-    predictor.meta = {"state_feature_ids": ["2", "0"]}
+    ids = ["2", "0"]
     table = pa.table({"state_features": pa.array([{"0": 1.0, "2": 2.0}, {"5": 1.0}], FMAP)})
-    got = predictor._state(table, "state_features", "s")
+    got = state_matrix(table, "state_features", ids, "s")
     np.testing.assert_array_equal(got, [[2.0, 1.0], [np.nan, np.nan]])
     with pytest.raises(DataError, match="no row holds any of the model's state features"):
-        predictor._state(table.slice(1), "state_features", "s")
+        state_matrix(table.slice(1), "state_features", ids, "s")
     dense = pa.table({"state": pa.array([[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]])})
-    np.testing.assert_array_equal(predictor._state(dense, "state", "s"), [[3, 1], [6, 4]])
+    np.testing.assert_array_equal(state_matrix(dense, "state", ids, "s"), [[3, 1], [6, 4]])
     with pytest.raises(DataError, match="s: column 'state': dense feature lists of 2 values"):
-        predictor._state(pa.table({"state": pa.array([[1.0, 2.0]])}), "state", "s")
+        state_matrix(pa.table({"state": pa.array([[1.0, 2.0]])}), "state", ids, "s")

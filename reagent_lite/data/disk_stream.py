@@ -55,6 +55,23 @@ def _rng(seed: int, rank: int, epoch: int, what: int, index: int) -> np.random.G
 
 
 @dataclass
+class _Left:
+    """What an epoch still needs: `rows`, and the rows carried from the last window (less
+    than one step) that the next chunk starts with."""
+
+    rows: int
+    carry: dict[str, Tensor] | None = None
+
+    @property
+    def carried(self) -> int:
+        return 0 if self.carry is None else int(next(iter(self.carry.values())).shape[0])
+
+
+def _cat(a: dict[str, Tensor], b: dict[str, Tensor]) -> dict[str, Tensor]:
+    return {c: torch.cat([a[c], b[c]]) for c in a}
+
+
+@dataclass
 class _Window:
     columns: dict[str, Tensor]
     order: Tensor  # a permutation of the window's rows
@@ -155,56 +172,24 @@ class DiskShardStream:
         """(columns, rows) chunks of whole steps, `rows_per_epoch` rows in all. The next
         window (after the epoch's last one: the next epoch's first) is loaded in the
         background while the caller trains on the current one."""
-        step, need = self.step_rows, self.rows_per_epoch
         windows, first = self._start(epoch)
         pending: Future[_Window] | None = first
-        k = 0
-        carry: dict[str, Tensor] | None = None  # < one step of rows from the last window
-        empty_run = 0
+        left = _Left(self.rows_per_epoch)
+        k = empty_run = 0
         try:
-            while need > 0:
+            while left.rows > 0:
                 assert pending is not None
                 win = pending.result()
                 k += 1
-                n, pos = int(win.order.numel()), 0
-                have = 0 if carry is None else int(next(iter(carry.values())).shape[0])
-                if n + have < need:
-                    pending = self._pool.submit(self._load, next(windows), epoch, k)
-                else:  # this window ends the epoch: read ahead into the next one
-                    pending = None
-                    following = self.windows(epoch + 1)
-                    self._ahead = (
-                        epoch + 1,
-                        following,
-                        self._pool.submit(self._load, next(following), epoch + 1, 0),
-                    )
+                n = int(win.order.numel())
+                pending = self._load_next(epoch, windows, k, last=n + left.carried >= left.rows)
                 if n == 0:
                     empty_run += 1
                     if empty_run > len(self.units):
                         raise DataError("stream_from_disk: no valid rows left in the shard")
                     continue
                 empty_run = 0
-                if carry is not None:
-                    take = min(step - have, n)
-                    head = win.gather(win.order[:take])
-                    carry = {c: torch.cat([carry[c], head[c]]) for c in carry}
-                    pos = take
-                    if have + take == step:
-                        need -= step
-                        yield carry, step
-                        carry = None
-                while need > 0 and n - pos >= step:
-                    rows = min(self.chunk_rows, (n - pos) // step * step, need)
-                    need -= rows
-                    yield win.gather(win.order[pos : pos + rows]), rows
-                    pos += rows
-                if need > 0 and pos < n:
-                    rest = win.gather(win.order[pos:])
-                    carry = (
-                        rest
-                        if carry is None
-                        else {c: torch.cat([carry[c], rest[c]]) for c in carry}
-                    )
+                yield from self._cut(win, left)
                 del win
         finally:
             # Don't leave a load of this epoch running into the next one.
@@ -212,6 +197,41 @@ class DiskShardStream:
                 # The epoch is over: an error of that load shows again when it is retried.
                 with contextlib.suppress(Exception):
                     pending.result()
+
+    def _load_next(
+        self, epoch: int, windows: Iterator[list[ShardPiece]], k: int, *, last: bool
+    ) -> Future[_Window] | None:
+        """Starts loading the epoch's next window; after its `last` one, the next epoch's
+        first instead (read ahead, picked up by `_start`)."""
+        if not last:
+            return self._pool.submit(self._load, next(windows), epoch, k)
+        following = self.windows(epoch + 1)
+        first = self._pool.submit(self._load, next(following), epoch + 1, 0)
+        self._ahead = (epoch + 1, following, first)
+        return None
+
+    def _cut(self, win: _Window, left: _Left) -> Iterator[tuple[dict[str, Tensor], int]]:
+        """A window's rows as chunks of whole steps (at most `chunk_rows`, and no more than
+        the epoch still needs): the rows carried from the last window first, topped up to
+        a step; rows short of a step at the end are carried into the next window."""
+        step, n, pos = self.step_rows, int(win.order.numel()), 0
+        if left.carry is not None:
+            have = left.carried
+            take = min(step - have, n)
+            left.carry = _cat(left.carry, win.gather(win.order[:take]))
+            pos = take
+            if have + take == step:
+                chunk, left.carry = left.carry, None
+                left.rows -= step
+                yield chunk, step
+        while left.rows > 0 and n - pos >= step:
+            rows = min(self.chunk_rows, (n - pos) // step * step, left.rows)
+            left.rows -= rows
+            yield win.gather(win.order[pos : pos + rows]), rows
+            pos += rows
+        if left.rows > 0 and pos < n:
+            rest = win.gather(win.order[pos:])
+            left.carry = rest if left.carry is None else _cat(left.carry, rest)
 
     def close(self) -> None:
         if self._ahead is not None:

@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -32,10 +32,6 @@ JSON_SUFFIXES = (".jsonl", ".json", ".ndjson")
 COMPRESSED_SUFFIXES = (".gz", ".bz2")
 # Column aliases accepted in the input and renamed on read: alias → canonical name.
 ALIASES = {"propensity": "action_probability"}
-# String columns (or list elements) read as dictionaries: dqn action names repeat on every
-# row, and decoded as dictionary codes reading is ~30% faster and looking names up touches
-# each distinct string once (`arrow.string_index`).
-DICTIONARY_COLUMNS = ("action", "next_action", "possible_actions", "possible_next_actions")
 
 Format = Literal["parquet", "jsonl"]
 
@@ -159,51 +155,67 @@ def shard_plan(path: str | Path, world_size: int, *, count_rows: bool = True) ->
     if world_size < 1:
         raise ValueError(f"world_size must be >= 1, got {world_size}")
     files = list_data_files(path)
-    fmt = file_format(files[0])
-    W = world_size
-    pieces: list[list[ShardPiece]] = [[] for _ in range(W)]
+    parquet = file_format(files[0]) == "parquet"
+    if len(files) >= world_size:
+        pieces = _whole_files(files, world_size, count_rows and parquet)
+    elif not parquet:
+        pieces = _jsonl_parts(files, world_size)
+    else:
+        metas = [(f, parquet_file(f).metadata) for f in files]
+        if sum(m.num_row_groups for _, m in metas) >= world_size:
+            pieces = _row_groups(metas, world_size)
+        else:
+            pieces = _row_ranges(metas, world_size)
+    return [ShardSpec(r, world_size, tuple(p)) for r, p in enumerate(pieces)]
 
-    if len(files) >= W:
-        for i, f in enumerate(files):
-            n = parquet_file(f).metadata.num_rows if fmt == "parquet" and count_rows else None
-            pieces[i % W].append(ShardPiece(f, "file", num_rows=n))
-        return [ShardSpec(r, W, tuple(pieces[r])) for r in range(W)]
 
-    if fmt == "jsonl":
-        for r in range(W):
-            f_idx = r % len(files)
-            sharing = len(range(f_idx, W, len(files)))
-            pieces[r].append(ShardPiece(files[f_idx], "rows", part=(r // len(files), sharing)))
-        return [ShardSpec(r, W, tuple(pieces[r])) for r in range(W)]
+def _whole_files(files: list[Path], w: int, count_rows: bool) -> list[list[ShardPiece]]:
+    pieces: list[list[ShardPiece]] = [[] for _ in range(w)]
+    for i, f in enumerate(files):
+        n = parquet_file(f).metadata.num_rows if count_rows else None
+        pieces[i % w].append(ShardPiece(f, "file", num_rows=n))
+    return pieces
 
-    metas = [(f, parquet_file(f).metadata) for f in files]
+
+def _jsonl_parts(files: list[Path], w: int) -> list[list[ShardPiece]]:
+    """Rank r → file r mod n, its rows split evenly between the ranks sharing it."""
+    pieces = []
+    for r in range(w):
+        f_idx = r % len(files)
+        sharing = len(range(f_idx, w, len(files)))
+        pieces.append([ShardPiece(files[f_idx], "rows", part=(r // len(files), sharing))])
+    return pieces
+
+
+def _row_groups(metas: list[tuple[Path, Any]], w: int) -> list[list[ShardPiece]]:
+    """Row groups numbered across the files, round-robin."""
     groups = [(f, g, m.row_group(g).num_rows) for f, m in metas for g in range(m.num_row_groups)]
-    if len(groups) >= W:
-        by_rank: list[dict[Path, list[tuple[int, int]]]] = [{} for _ in range(W)]
-        for i, (f, g, n) in enumerate(groups):
-            by_rank[i % W].setdefault(f, []).append((g, n))
-        for r in range(W):
-            for f, gs in by_rank[r].items():
-                rgs = tuple(g for g, _ in gs)
-                pieces[r].append(ShardPiece(f, "row_groups", rgs, num_rows=sum(n for _, n in gs)))
-        return [ShardSpec(r, W, tuple(pieces[r])) for r in range(W)]
+    by_rank: list[dict[Path, list[tuple[int, int]]]] = [{} for _ in range(w)]
+    for i, (f, g, n) in enumerate(groups):
+        by_rank[i % w].setdefault(f, []).append((g, n))
+    return [
+        [
+            ShardPiece(f, "row_groups", tuple(g for g, _ in gs), num_rows=sum(n for _, n in gs))
+            for f, gs in mine.items()
+        ]
+        for mine in by_rank
+    ]
 
-    # Row ranges over the files laid end to end.
+
+def _row_ranges(metas: list[tuple[Path, Any]], w: int) -> list[list[ShardPiece]]:
+    """Row ranges over the files laid end to end."""
     total = sum(m.num_rows for _, m in metas)
-    file_starts: list[int] = []
-    acc = 0
-    for _, m in metas:
-        file_starts.append(acc)
-        acc += m.num_rows
-    for r in range(W):
-        lo, hi = r * total // W, (r + 1) * total // W
-        for (f, m), start in zip(metas, file_starts, strict=True):
+    starts = [sum(m.num_rows for _, m in metas[:i]) for i in range(len(metas))]
+    pieces: list[list[ShardPiece]] = [[] for _ in range(w)]
+    for r in range(w):
+        lo, hi = r * total // w, (r + 1) * total // w
+        for (f, m), start in zip(metas, starts, strict=True):
             a, b = max(lo, start), min(hi, start + m.num_rows)
             if a < b:
                 pieces[r].append(
                     ShardPiece(f, "rows", row_start=a - start, row_stop=b - start, num_rows=b - a)
                 )
-    return [ShardSpec(r, W, tuple(pieces[r])) for r in range(W)]
+    return pieces
 
 
 # ----------------------------------------------------------------------------- reading
@@ -363,43 +375,3 @@ def read_table(path: str | Path, columns: Sequence[str] | None = None) -> pa.Tab
     """The whole table (a table `predict` scores; training and eval tables are ingested
     row group by row group, `data/ingest.py`)."""
     return read_shard(path, 0, 1, columns)
-
-
-# ----------------------------------------------------------------------------- batches
-
-_FILE_KEY = b"reagent_lite.file"
-
-
-def tag_file(table: pa.Table, file: str | Path) -> pa.Table:
-    """`table` marked as read from `file` (schema metadata), for error messages."""
-    return table.replace_schema_metadata({**(table.schema.metadata or {}), _FILE_KEY: str(file)})
-
-
-def file_of(table: pa.Table) -> str | None:
-    """The file `tag_file` marked `table` as read from."""
-    raw = (table.schema.metadata or {}).get(_FILE_KEY)
-    return raw.decode() if raw else None
-
-
-def piece_batches(piece: ShardPiece) -> Iterator[pa.Table]:
-    """One shard piece as tables of at most a row group each (JSON Lines: the whole piece),
-    aliases renamed, each tagged with its file (errors name the part file)."""
-    for table in _untagged_batches(piece):
-        yield tag_file(table, piece.file)
-
-
-def _untagged_batches(piece: ShardPiece) -> Iterator[pa.Table]:
-    if file_format(piece.file) != "parquet":
-        yield read_piece(piece)  # JSON Lines is parsed whole
-        return
-    pf = open_parquet(piece.file, extra_dictionary_columns=DICTIONARY_COLUMNS)
-    try:
-        if piece.kind == "rows":
-            for batch in iter_parquet_rows(pf, piece):
-                yield apply_aliases(pa.Table.from_batches([batch]), piece.file)
-            return
-        groups = piece.row_groups if piece.kind == "row_groups" else range(pf.num_row_groups)
-        for g in groups:
-            yield apply_aliases(pf.read_row_group(g), piece.file)
-    except (OSError, pa.ArrowException) as e:
-        raise DataError(f"{piece.file}: cannot read Parquet data ({e})") from e

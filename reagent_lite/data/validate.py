@@ -12,16 +12,31 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
 
-from reagent_lite.data.readers import ALIASES, file_of
+from reagent_lite.data.readers import ALIASES
 from reagent_lite.data.schema import TableSchema, check_columns
 from reagent_lite.errors import DataError
 
 log = logging.getLogger(__name__)
+
+_FILE_KEY = b"reagent_lite.file"
+
+
+def tag_file(table: pa.Table, file: str | Path) -> pa.Table:
+    """`table` marked as read from `file` (schema metadata): problems found in its rows
+    name that file beside the shard's row (a shard of several part files)."""
+    return table.replace_schema_metadata({**(table.schema.metadata or {}), _FILE_KEY: str(file)})
+
+
+def file_of(table: pa.Table) -> str | None:
+    """The file `tag_file` marked `table` as read from."""
+    raw = (table.schema.metadata or {}).get(_FILE_KEY)
+    return raw.decode() if raw else None
 
 
 @dataclass(frozen=True)

@@ -27,14 +27,13 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from reagent_lite.data.arrow import is_list, used_keys
-from reagent_lite.data.ingest import Layout, feed
+from reagent_lite.data.ingest import Layout, feed, piece_batches
 from reagent_lite.data.readers import (
     ShardPiece,
     file_format,
     iter_parquet_rows,
     open_parquet,
     parquet_file,
-    piece_batches,
     shard_plan,
 )
 from reagent_lite.data.scatter import worker_pool
@@ -81,24 +80,11 @@ def scan_units(
     ids: dict[str, set[str]] = {name: set() for name in features}
     longest = 1
     files: dict[Path, pq.ParquetFile] = {}
+    wanted = [*features.items(), *((c, (c,)) for c in lists)]
     for unit in units:
         pf = files.get(unit.file) or files.setdefault(unit.file, open_parquet(unit.file))
-        names = pf.schema_arrow.names
-        chosen = {}
-        for name, alternatives in [*features.items(), *((c, (c,)) for c in lists)]:
-            col = next((c for c in alternatives if c in names), None)
-            if col is None:
-                raise DataError(f"{unit.file}: no {name} column (expected one of {alternatives})")
-            chosen[name] = col
-        leaves = [pf.schema.column(i).path for i in range(len(pf.schema))]
-        cols = [next((p for p in leaves if _is_key_leaf(p, c)), c) for c in chosen.values()]
-        try:
-            if unit.kind == "rows":
-                table = pa.Table.from_batches(list(iter_parquet_rows(pf, unit, cols)))
-            else:
-                table = pf.read_row_group(unit.row_groups[0], columns=cols)
-        except (OSError, pa.ArrowException) as e:
-            raise DataError(f"{unit.file}: cannot read Parquet data ({e})") from e
+        chosen = {name: _column(unit, pf, name, alternatives) for name, alternatives in wanted}
+        table = _read_keys(unit, pf, list(chosen.values()))
         for name, col in chosen.items():
             for chunk in table.column(col).chunks:
                 if name in lists:
@@ -113,6 +99,25 @@ def scan_units(
         # over 1e7 rows); the scan must not grow with the shard.
         pa.default_memory_pool().release_unused()
     return ids, longest
+
+
+def _column(unit: ShardPiece, pf: pq.ParquetFile, name: str, alternatives: Sequence[str]) -> str:
+    col = next((c for c in alternatives if c in pf.schema_arrow.names), None)
+    if col is None:
+        raise DataError(f"{unit.file}: no {name} column (expected one of {alternatives})")
+    return col
+
+
+def _read_keys(unit: ShardPiece, pf: pq.ParquetFile, columns: list[str]) -> pa.Table:
+    """The unit's `columns`, only their map keys where they are maps (or lists of maps)."""
+    leaves = [pf.schema.column(i).path for i in range(len(pf.schema))]
+    cols = [next((p for p in leaves if _is_key_leaf(p, c)), c) for c in columns]
+    try:
+        if unit.kind == "rows":
+            return pa.Table.from_batches(list(iter_parquet_rows(pf, unit, cols)))
+        return pf.read_row_group(unit.row_groups[0], columns=cols)
+    except (OSError, pa.ArrowException) as e:
+        raise DataError(f"{unit.file}: cannot read Parquet data ({e})") from e
 
 
 def _is_key_leaf(path: str, column: str) -> bool:
