@@ -8,13 +8,10 @@ and next_state — and prints rows/s per stage and overall (target ≥ 1M rows/s
 peak RSS growth of the ingest against the bytes of the training tensors it produced
 (target ≤ ~2x).
 
+The table is read row group by row group through the ingest engine (`data/ingest.py`).
 Every run is a fresh child process (as a workflow rank is), so its peak RSS is its own;
-the child imports everything first, so import time is not counted. `--repeat` runs of
-each variant are made, interleaved, and the fastest is shown:
-
-* `streaming`: the default path (row group by row group, `data/ingest.py`);
-* `table` (with `--compare`): the whole-table path (`streaming=False`), i.e. what the
-  workflow did before the streaming ingest.
+the child imports everything first, so import time is not counted. `--repeat` runs are
+made and the fastest is shown.
 
     .venv/bin/python benchmarks/bench_ingest.py [--rows 1000000] [--dir DIR] [--repeat 3]
 """
@@ -93,7 +90,7 @@ def _current_rss_bytes() -> int:
         return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
-def run_once(path: str, streaming: bool, out_dir: str) -> dict[str, Any]:
+def run_once(path: str, out_dir: str) -> dict[str, Any]:
     """One ingest in this (fresh) process: the timings, RSS and tensor bytes."""
     import torch
 
@@ -113,7 +110,7 @@ def run_once(path: str, streaming: bool, out_dir: str) -> dict[str, Any]:
     rss_before = max(_current_rss_bytes(), _peak_rss_bytes())
     cpu0 = resource.getrusage(resource.RUSAGE_SELF)
     t = time.perf_counter()
-    wf.load_training_data(streaming=streaming)
+    wf.load_training_data()
     wall = time.perf_counter() - t
     cpu1 = resource.getrusage(resource.RUSAGE_SELF)
     cpu = cpu1.ru_utime - cpu0.ru_utime + cpu1.ru_stime - cpu0.ru_stime
@@ -130,15 +127,15 @@ def run_once(path: str, streaming: bool, out_dir: str) -> dict[str, Any]:
     }
 
 
-def _child(path: str, streaming: bool, out_dir: str, conn: Any) -> None:
-    conn.send(run_once(path, streaming, out_dir))
+def _child(path: str, out_dir: str, conn: Any) -> None:
+    conn.send(run_once(path, out_dir))
     conn.close()
 
 
-def _spawn(path: Path, streaming: bool, out_dir: Path) -> dict[str, Any]:
+def _spawn(path: Path, out_dir: Path) -> dict[str, Any]:
     ctx = mp.get_context("spawn")
     recv, send = ctx.Pipe(duplex=False)
-    proc = ctx.Process(target=_child, args=(str(path), streaming, str(out_dir), send))
+    proc = ctx.Process(target=_child, args=(str(path), str(out_dir), send))
     proc.start()
     result: dict[str, Any] = recv.recv()
     proc.join()
@@ -182,10 +179,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument(
         "--dir", type=Path, default=None, help="where to write the table (default: a temp dir)"
     )
-    ap.add_argument("--repeat", type=int, default=3, help="runs of each variant; the best is shown")
-    ap.add_argument(
-        "--compare", action="store_true", help="also run the whole-table path (streaming=False)"
-    )
+    ap.add_argument("--repeat", type=int, default=3, help="runs; the best is shown")
     args = ap.parse_args(argv)
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -212,13 +206,8 @@ def main(argv: list[str] | None = None) -> None:
             f"load average before: {' '.join(f'{x:.2f}' for x in os.getloadavg())}"
             f" ({os.cpu_count()} CPUs)"
         )
-        variants = {"streaming": True} | ({"table": False} if args.compare else {})
-        runs: dict[str, list[dict[str, Any]]] = {k: [] for k in variants}
-        for _ in range(args.repeat):
-            for name, streaming in variants.items():
-                runs[name].append(_spawn(path, streaming, Path(tmp) / name))
-        for name in variants:
-            _report(name, runs[name])
+        runs = [_spawn(path, Path(tmp) / "out") for _ in range(args.repeat)]
+        _report("ingest", runs)
         print(f"\nload average after: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
 
 

@@ -102,15 +102,15 @@ def load_episodes(
     import pyarrow.compute as pc
     import pyarrow.parquet as pq
 
-    from reagent_lite.data.tensorize import sparse_to_dense
+    from reagent_lite.data.scatter import feature_matrix
 
     table = pq.read_table(path)
     table = table.sort_by([("mdp_id", "ascending"), ("sequence_number", "ascending")])
-    obs, _ = sparse_to_dense(table.column("state_features"), ["0", "1", "2", "3"])
+    obs = np.nan_to_num(feature_matrix(table.column("state_features"), ["0", "1", "2", "3"]))
     if workflow == "dqn":
         actions = np.asarray(table.column("action").to_pylist(), dtype=np.int64)
     else:
-        onehot, _ = sparse_to_dense(table.column("action"), ["100", "101"])
+        onehot = np.nan_to_num(feature_matrix(table.column("action"), ["100", "101"]))
         actions = onehot.argmax(axis=1).astype(np.int64)
     rewards = table.column("reward").to_numpy().astype(np.float32)
     terminals = pc.list_value_length(table.column("possible_next_actions")).to_numpy() == 0

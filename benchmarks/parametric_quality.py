@@ -42,7 +42,8 @@ import torch
 REPO_ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO_ROOT))
 
-from reagent_lite.data.tensorize import tensorize_parametric  # noqa: E402
+from reagent_lite.data.arrow import list_lengths  # noqa: E402
+from reagent_lite.data.scatter import candidate_tensor, feature_matrix  # noqa: E402
 from reagent_lite.samples.parametric_env import Contexts, ParametricBanditEnv  # noqa: E402
 from reagent_lite.training.metrics import read_metrics  # noqa: E402
 
@@ -103,13 +104,15 @@ def train(config: Path, timeout: float, threads: int | None) -> float:
 
 def eval_contexts(path: Path, meta: dict[str, Any]) -> Contexts:
     """The eval table's states and candidate sets, as the env's `Contexts`."""
-    raw = tensorize_parametric(
-        pq.read_table(path), meta["state_feature_ids"], meta["action_feature_ids"]
-    )
+    table = pq.read_table(path)
+    lists = ("possible_actions", "possible_next_actions")
+    k = max(1, *(int(list_lengths(table.column(c)).max(initial=0)) for c in lists))
+    states = feature_matrix(table.column("state_features"), meta["state_feature_ids"])
+    cands, mask = candidate_tensor(table.column("possible_actions"), meta["action_feature_ids"], k)
     return Contexts(
-        states=raw.state.double().numpy(),
-        candidates=raw.possible_actions.double().numpy(),
-        mask=raw.possible_actions_mask.numpy() > 0,
+        states=np.nan_to_num(states).astype(np.float64),
+        candidates=np.nan_to_num(cands).astype(np.float64),
+        mask=mask > 0,
         state_feature_ids=list(meta["state_feature_ids"]),
         action_feature_ids=list(meta["action_feature_ids"]),
     )

@@ -118,14 +118,16 @@ def _require_data(kind: WorkflowKind, cfg: WorkflowConfig) -> None:
             "(expected a writable directory)"
         )
     from reagent_lite.data.readers import empty_like
-    from reagent_lite.data.validate import check_columns
+    from reagent_lite.data.schema import check_columns
+    from reagent_lite.kinds import get_kind
 
     # The data's columns (and Parquet's types) without reading rows: a table that training
     # would reject fails the dry run too.
+    schema = get_kind(kind).schema(cfg)
     for path in (cfg.training_data_path, cfg.eval_data_path):
         if path is not None and Path(path).exists():
             table, typed = empty_like(path)
-            check_columns(table, kind, path, types=typed)
+            check_columns(table, schema, path, types=typed)
 
 
 def _exists(path: str, cfg: WorkflowConfig) -> str:

@@ -1,6 +1,13 @@
-"""reagent_lite.data: reading, sharding, validating and tensorizing logged transitions."""
+"""reagent_lite.data: reading, sharding, validating and ingesting logged transitions.
 
-from reagent_lite.data.batches import DiscreteTransitions, ParametricTransitions
+One ingest engine (`ingest.py`) serves every table: a table's rows are validated against
+the kind's `TableSchema` (`validate.ShardValidation`) and scattered (`scatter.py`) by the
+kind's builder into NaN-coded arrays (`shard_builder.IngestedShard`) — a rank's training
+shard (`ingest`), a window streamed from disk (`windows.load_units`), an eval table; the
+same scatter tensorizes the tables `predict` scores.
+"""
+
+from reagent_lite.data.ingest import Layout, ingest
 from reagent_lite.data.readers import (
     ShardPiece,
     ShardSpec,
@@ -10,29 +17,28 @@ from reagent_lite.data.readers import (
     shard_plan,
 )
 from reagent_lite.data.sampler import EpochSampler, steps_for
-from reagent_lite.data.tensorize import (
-    collect_feature_ids,
-    sparse_to_dense,
-    tensorize_discrete,
-    tensorize_parametric,
-)
-from reagent_lite.data.validate import ValidationReport, validate
+from reagent_lite.data.schema import TableSchema, check_columns
+from reagent_lite.data.shard_builder import IngestedShard
+from reagent_lite.data.validate import ShardValidation, ValidationReport
+from reagent_lite.data.windows import load_units, scan_units, stream_units
 
 __all__ = [
-    "DiscreteTransitions",
     "EpochSampler",
-    "ParametricTransitions",
+    "IngestedShard",
+    "Layout",
     "ShardPiece",
     "ShardSpec",
+    "ShardValidation",
+    "TableSchema",
     "ValidationReport",
-    "collect_feature_ids",
+    "check_columns",
+    "ingest",
     "list_data_files",
+    "load_units",
     "read_shard",
     "read_table",
+    "scan_units",
     "shard_plan",
-    "sparse_to_dense",
     "steps_for",
-    "tensorize_discrete",
-    "tensorize_parametric",
-    "validate",
+    "stream_units",
 ]

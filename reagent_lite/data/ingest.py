@@ -1,13 +1,17 @@
-"""Streaming ingest: a shard, row group by row group, into preallocated training arrays.
+"""The ingest engine: a table, row group by row group, validated into preallocated arrays.
 
-`read_shard` + `validate` + `tensorize_discrete` hold the whole Arrow shard and then the
-raw tensors (values *and* float presence masks) at the same time, about four times the
-bytes of what training keeps. Here a shard is read one batch (Parquet row group) at a
-time, each batch validated (`ShardValidation`, same checks and messages) in slices and
-scattered by a builder (`data/shard_builder.py`: NaN-coded feature matrices, columns as
-ids are first seen, reordered to the agreed ids later) straight into arrays sized from the
-Parquet footers, then dropped. `ingest_shard` is that loop for any builder; this module
-holds the dqn builder, `data/ingest_parametric.py` the parametric one.
+Every table a run reads takes this way — a rank's training shard (`ingest`), a window of
+row groups streamed from disk (`data/windows.py`: `load_units`), an eval table (`ingest`
+of the whole table, conformed to the training run's feature space) — and `predict`
+tensorizes through the same scatter (`data/scatter.py`). A batch (Parquet row group) is
+read at a time, validated in slices against the kind's schema (`ShardValidation`) and
+scattered by the kind's builder (`data/shard_builder.py`: NaN-coded feature matrices,
+columns as ids are first seen, reordered to the agreed ids later) straight into arrays
+sized from the Parquet footers, then dropped: peak memory stays near the size of the
+arrays, not the Arrow table plus its tensors.
+
+What differs between kinds comes in a `Layout`: the schema, the builder, and how a shard is
+conformed to a known feature space.
 """
 
 from __future__ import annotations
@@ -17,63 +21,71 @@ from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Generic
 
-import numpy as np
 import pyarrow as pa
 
-from reagent_lite.data import tensorize as tz
 from reagent_lite.data.readers import (
     ShardPiece,
-    _apply_aliases,
-    _parquet_file_for_read,
+    apply_aliases,
     file_format,
     iter_parquet_rows,
+    open_parquet,
     read_piece,
     shard_plan,
 )
-from reagent_lite.data.shard_builder import (
-    FeatureColumns,
-    IngestedShard,
-    S,
-    ShardBuilder,
-    reorder_columns,
-)
-from reagent_lite.data.validate import ShardValidation, ValidationReport, tag_file
+from reagent_lite.data.scatter import worker_pool
+from reagent_lite.data.schema import TableSchema
+from reagent_lite.data.shard_builder import S, ShardBuilder
+from reagent_lite.data.validate import ShardValidation, tag_file
 from reagent_lite.errors import DataError
 
-# ----------------------------------------------------------------------------- batches
+# String columns (or list elements) read as dictionaries: dqn action names repeat on every
+# row, and decoded as dictionary codes reading is ~30% faster and looking names up touches
+# each distinct string once (`arrow.string_index`).
+DICTIONARY_COLUMNS = ("action", "next_action", "possible_actions", "possible_next_actions")
+# Rows validated and tensorized at a time inside a row group: bounds the per-row
+# temporaries of validation and tensorization (a few hundred bytes a row) to a few MiB.
+SLICE_ROWS = 32_768
 
-# dqn action names repeat on every row: decoded as dictionary codes, reading is ~30% faster
-# and looking names up touches each distinct string once (`tensorize.string_index`).
-ACTION_NAME_COLUMNS = ("action", "next_action", "possible_actions", "possible_next_actions")
+
+@dataclass(frozen=True)
+class Layout(Generic[S]):
+    """How a kind's table becomes a shard: `schema` validates it, `builder(capacity,
+    source)` collects it (capacity: the rows expected, None when unknown), `conform` puts
+    a finished shard in the feature space agreed on (None: not known yet)."""
+
+    schema: TableSchema
+    builder: Callable[[int | None, str], ShardBuilder[S]]
+    conform: Callable[[S], None] | None = None
+    drop_bad_rows: bool = False
+
+    def validation(self, source: str) -> ShardValidation:
+        return ShardValidation(self.schema, source=source, drop_bad_rows=self.drop_bad_rows)
 
 
-def _piece_batches(piece: ShardPiece) -> Iterator[pa.Table]:
+def piece_batches(piece: ShardPiece) -> Iterator[pa.Table]:
     """One shard piece as tables of at most a row group each (JSON Lines: the whole piece),
-    each tagged with its file (`validate.tag_file`: errors name the part file)."""
-    for table in _untagged_piece_batches(piece):
+    aliases renamed, each tagged with its file (errors name the part file)."""
+    for table in _untagged_batches(piece):
         yield tag_file(table, piece.file)
 
 
-def _untagged_piece_batches(piece: ShardPiece) -> Iterator[pa.Table]:
+def _untagged_batches(piece: ShardPiece) -> Iterator[pa.Table]:
     if file_format(piece.file) != "parquet":
         yield read_piece(piece)  # JSON Lines is parsed whole
         return
-    pf = _parquet_file_for_read(piece.file, extra_dictionary_columns=ACTION_NAME_COLUMNS)
-    if piece.kind == "rows":
-        try:
+    pf = open_parquet(piece.file, extra_dictionary_columns=DICTIONARY_COLUMNS)
+    try:
+        if piece.kind == "rows":
             for batch in iter_parquet_rows(pf, piece):
-                yield _apply_aliases(pa.Table.from_batches([batch]), piece.file)
-        except (OSError, pa.ArrowException) as e:
-            raise DataError(f"{piece.file}: cannot read Parquet data ({e})") from e
-        return
-    groups = piece.row_groups if piece.kind == "row_groups" else range(pf.num_row_groups)
-    for g in groups:
-        try:
-            table = pf.read_row_group(g)
-        except (OSError, pa.ArrowException) as e:
-            raise DataError(f"{piece.file}: cannot read Parquet data ({e})") from e
-        yield _apply_aliases(table, piece.file)
+                yield apply_aliases(pa.Table.from_batches([batch]), piece.file)
+            return
+        groups = piece.row_groups if piece.kind == "row_groups" else range(pf.num_row_groups)
+        for g in groups:
+            yield apply_aliases(pf.read_row_group(g), piece.file)
+    except (OSError, pa.ArrowException) as e:
+        raise DataError(f"{piece.file}: cannot read Parquet data ({e})") from e
 
 
 def shard_batches(
@@ -85,17 +97,16 @@ def shard_batches(
     if not 0 <= rank < world_size:
         raise ValueError(f"rank {rank} outside world size {world_size}")
     spec = shard_plan(path, world_size)[rank]
-    rows = spec.num_rows
 
     def gen() -> Iterator[pa.Table]:
         for piece in spec.pieces:
-            yield from _piece_batches(piece)
+            yield from piece_batches(piece)
 
-    return rows, (_prefetched(gen()) if prefetch else gen())
+    return spec.num_rows, (_prefetched(gen()) if prefetch else gen())
 
 
 def _prefetched(it: Iterator[pa.Table]) -> Iterator[pa.Table]:
-    pool = tz._pool()
+    pool = worker_pool()
     pending: Future[pa.Table | None] = pool.submit(next, it, None)
     while True:
         item = pending.result()
@@ -105,191 +116,87 @@ def _prefetched(it: Iterator[pa.Table]) -> Iterator[pa.Table]:
         yield item
 
 
-# ----------------------------------------------------------------------------- discrete
-
-
-@dataclass
-class DiscreteShard(IngestedShard):
-    """A dqn shard as arrays: `features` "state" / "next_state" float32 [N, C] in
-    `columns.ids` order with NaN = absent; `fields` as in `DiscreteTransitions`."""
-
-    @property
-    def state(self) -> np.ndarray:
-        return self.features["state"]
-
-    @property
-    def next_state(self) -> np.ndarray:
-        return self.features["next_state"]
-
-    def reorder(self, feature_ids: Sequence[str]) -> None:
-        """Makes `state` and `next_state` columns follow `feature_ids` (`reorder_columns`)."""
-        ids = list(feature_ids)
-        self.features = {k: reorder_columns(v, self.columns, ids) for k, v in self.features.items()}
-        self.columns = FeatureColumns.of(ids)
-
-
-# The order of `DiscreteTransitions` (training tensors keep it).
-DISCRETE_FIELDS = (
-    "action", "next_action", "reward", "possible_actions_mask", "possible_next_actions_mask",
-    "terminal", "time_diff", "propensity", "mdp_id", "sequence_number",
-)  # fmt: skip
-
-
-class DiscreteShardBuilder(ShardBuilder[DiscreteShard]):
-    """Collects a dqn shard batch by batch (see the module docstring)."""
-
-    def __init__(
-        self,
-        actions: Sequence[str],
-        *,
-        capacity: int | None,
-        use_seq_num_diff_as_time_diff: bool = False,
-        source: str = "table",
-        feature_ids: Sequence[str] = (),
-    ) -> None:
-        super().__init__(
-            capacity=capacity,
-            use_seq_num_diff_as_time_diff=use_seq_num_diff_as_time_diff,
-            source=source,
-            feature_ids=feature_ids,
-        )
-        self.actions = list(actions)
-        A = len(self.actions)
-        for name in ("action", "next_action"):
-            self._alloc(name, (), np.int64)
-        for name in ("possible_actions_mask", "possible_next_actions_mask"):
-            self._alloc(name, (A,), np.float32)
-
-    def add(self, table: pa.Table) -> None:
-        b = table.num_rows
-        if b == 0:
-            return
-        src = self.source
-        s_col = tz._column_of(table, tz.STATE_COLUMNS, src)
-        ns_col = tz._column_of(table, tz.NEXT_STATE_COLUMNS, src)
-        self._discover(s_col, self.columns, self.state_ids)
-        self._discover(ns_col, self.columns)
-        lo, hi = self.n, self.n + b
-        self._ensure(hi)
-        f = self.arrays
-        fut = None
-        s_out, ns_out = f["state"][lo:hi], f["next_state"][lo:hi]
-        s_out.fill(np.nan)
-        ns_out.fill(np.nan)
-        if b >= 16_384:  # state and next_state scatter in parallel (numpy releases the GIL)
-            fut = tz._pool().submit(self._features, ns_col, ns_out, self.columns)
-        else:
-            self._features(ns_col, ns_out, self.columns)
-        self._features(s_col, s_out, self.columns)
-        actions = self.actions
-        action = tz._action_index(tz._column_of(table, ["action"], src), actions)
-        if (action < 0).any():
-            bad = int((action < 0).sum())
-            raise DataError(f"{src}: column 'action': {bad} rows name no known action {actions}")
-        f["action"][lo:hi] = action
-        f["next_action"][lo:hi] = tz._action_index(
-            tz._column_of(table, ["next_action"], src), actions
-        )
-        pna = tz._actions_mask(tz._column_of(table, ["possible_next_actions"], src), actions, src)
-        f["possible_next_actions_mask"][lo:hi] = pna
-        f["possible_actions_mask"][lo:hi] = tz._actions_mask(
-            tz._column_of(table, ["possible_actions"], src), actions, src
-        )
-        self._common(table, lo, hi, pna.sum(axis=1) == 0)
-        if fut is not None:
-            fut.result()
-        self.n = hi
-
-    def finish(self, report: ValidationReport) -> DiscreteShard:
-        return DiscreteShard(
-            report,
-            columns=self.columns,
-            state_ids=self.state_ids,
-            features=self._rows(("state", "next_state")),
-            fields=self._rows(DISCRETE_FIELDS),
-            episodes=list(self._mdp_codes),
-        )
-
-
-# ----------------------------------------------------------------------------- ingest
-
-
-def ingest_shard(
-    path: str | Path,
-    parts: Sequence[tuple[int, int]],
+def feed(
+    batches: Iterator[pa.Table],
     check: ShardValidation,
-    make_builder: Callable[[int | None], ShardBuilder[S]],
+    builder: ShardBuilder[S],
+    timings: dict[str, float],
+    slice_rows: int = SLICE_ROWS,
     *,
-    prefetch: bool,
-    slice_rows: int,
-) -> S:
-    """The shard(s) `parts` — (rank, world_size) pairs, normally one — of the table at
-    `path`, validated by `check` and collected by `make_builder(capacity)` batch by batch.
-    Several parts are laid end to end (`rows_per_part` tells their sizes)."""
-    plans = [shard_batches(path, r, w, prefetch=prefetch) for r, w in parts]
-    counts = [rows for rows, _ in plans]
-    builder = make_builder(None if any(c is None for c in counts) else sum(c or 0 for c in counts))
-    rows_per_part = []
-    timings = dict.fromkeys(("read", "validate", "tensorize"), 0.0)
+    release: bool = True,
+) -> None:
+    """Validates `batches` slice by slice and hands the checked slices to `builder` (none
+    once validation is failing: `finish` will raise, the rest is only counted); adds the
+    seconds spent reading, validating and tensorizing to `timings`. `release`: hand the
+    memory of each batch back to Arrow's allocator once done with it."""
     clock = time.perf_counter
-    for _, batches in plans:
-        before = builder.n
-        t0 = clock()
-        for batch in batches:
-            checked = None  # (a batch of no rows has no slices)
+    t0 = clock()
+    for batch in batches:
+        timings["read"] = timings.get("read", 0.0) + clock() - t0
+        for start in range(0, batch.num_rows, slice_rows):
             t1 = clock()
-            timings["read"] += t1 - t0
-            # Slices of a row group bound the per-row temporaries of validation and
-            # tensorization (a few hundred bytes a row) to a few MiB.
-            for start in range(0, batch.num_rows, slice_rows):
-                t1 = clock()
-                checked = check.check(batch.slice(start, slice_rows))
-                t2 = clock()
-                if not check.failing:  # (finish() will raise; just count the rest)
-                    builder.add(checked)
-                timings["validate"] += t2 - t1
-                timings["tensorize"] += clock() - t2
-            del batch, checked
+            checked = check.check(batch.slice(start, slice_rows))
+            t2 = clock()
+            if not check.failing:
+                builder.add(checked)
+            timings["validate"] = timings.get("validate", 0.0) + t2 - t1
+            timings["tensorize"] = timings.get("tensorize", 0.0) + clock() - t2
+            del checked
+        del batch
+        if release:
             # Arrow's allocator keeps freed batches cached; handing them back keeps the
             # shard's peak near the size of its arrays (measured: -60 MiB at 1M rows).
             pa.default_memory_pool().release_unused()
-            t0 = clock()
+        t0 = clock()
+
+
+def ingest(
+    path: str | Path,
+    parts: Sequence[tuple[int, int]],
+    layout: Layout[S],
+    *,
+    prefetch: bool = False,
+    slice_rows: int = SLICE_ROWS,
+) -> S:
+    """The shard(s) `parts` — (rank, world_size) pairs, normally one; (0, 1): the whole
+    table — of the table at `path`, validated and collected batch by batch, conformed if
+    the layout says how. Several parts are laid end to end (`rows_per_part` tells their
+    sizes). Errors name `path`, the column and the row (counted from the shard's first;
+    in a directory of part files, the part file too).
+
+    `prefetch` reads the next row group in a background thread (pyarrow releases the GIL)
+    at the cost of one more row group in memory; off by default, as on a shared 2-core
+    machine it measured no faster and ~10 MiB higher at 1M rows."""
+    plans = [shard_batches(path, r, w, prefetch=prefetch) for r, w in parts]
+    counts = [rows for rows, _ in plans]
+    capacity = None if any(c is None for c in counts) else sum(c or 0 for c in counts)
+    check = layout.validation(str(path))
+    builder = layout.builder(capacity, str(path))
+    timings = dict.fromkeys(("read", "validate", "tensorize"), 0.0)
+    rows_per_part = []
+    for _, batches in plans:
+        before = builder.n
+        feed(batches, check, builder, timings, slice_rows)
         rows_per_part.append(builder.n - before)
-    report = check.finish()
-    t = clock()
-    shard = builder.finish(report)
-    timings["tensorize"] += clock() - t
+    t = time.perf_counter()
+    shard = _finish(check, builder, layout)
+    timings["tensorize"] += time.perf_counter() - t
     shard.rows_per_part = rows_per_part
     shard.timings = timings
     return shard
 
 
-def ingest_discrete(
-    path: str | Path,
-    parts: Sequence[tuple[int, int]],
-    actions: Sequence[str],
-    *,
-    use_seq_num_diff_as_time_diff: bool = False,
-    drop_bad_rows: bool = False,
-    prefetch: bool = False,
-    slice_rows: int = 32768,
-) -> DiscreteShard:
-    """The dqn shard(s) `parts` of the table at `path` (`ingest_shard`), validated (as
-    `validate`) and tensorized (as `tensorize_discrete`) batch by batch.
+def ingest_table(table: pa.Table, layout: Layout[S], source: str = "table") -> S:
+    """A table already in memory (tests, benchmarks), as `ingest` ingests a file."""
+    check = layout.validation(source)
+    builder = layout.builder(table.num_rows, source)
+    feed(iter([table]), check, builder, {})
+    return _finish(check, builder, layout)
 
-    `prefetch` reads the next row group in a background thread (pyarrow releases the GIL)
-    at the cost of one more row group in memory; off by default, as on the shared 2-core
-    machine it measured no faster and ~10 MiB higher at 1M rows. `slice_rows` bounds
-    the temporaries of validation and tensorization."""
-    source = str(path)
-    check = ShardValidation("dqn", actions=actions, source=source, drop_bad_rows=drop_bad_rows)
 
-    def builder(capacity: int | None) -> DiscreteShardBuilder:
-        return DiscreteShardBuilder(
-            actions,
-            capacity=capacity,
-            use_seq_num_diff_as_time_diff=use_seq_num_diff_as_time_diff,
-            source=source,
-        )
-
-    return ingest_shard(path, parts, check, builder, prefetch=prefetch, slice_rows=slice_rows)
+def _finish(check: ShardValidation, builder: ShardBuilder[S], layout: Layout[S]) -> S:
+    report = check.finish()  # raises for bad rows (unless dropped) and for no rows
+    shard = builder.finish(report)
+    if layout.conform is not None:
+        layout.conform(shard)
+    return shard

@@ -1,6 +1,6 @@
 """Reading the logged-transition table, one rank's shard at a time.
 
-Sharding rule (SPEC §2.4), with world size W and the sorted list of data files:
+Sharding rule, with world size W and the sorted list of data files:
 
 1. at least W files: whole files, round-robin — rank r reads files r, r+W, r+2W, ...;
 2. fewer files, Parquet, at least W row groups in all: row groups (numbered across the files
@@ -16,11 +16,7 @@ Lines counts are unknown until read (shown as "?" in the plan).
 
 from __future__ import annotations
 
-import bz2
-import gzip
-import io
-import json
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -28,6 +24,7 @@ from typing import Any, Literal
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from reagent_lite.data.jsonl import first_record_keys, read_jsonl
 from reagent_lite.errors import DataError
 
 PARQUET_SUFFIXES = (".parquet", ".parq", ".pq")
@@ -143,7 +140,7 @@ class ShardSpec:
     __str__ = __repr__
 
 
-def _parquet_file(path: Path) -> pq.ParquetFile:
+def parquet_file(path: Path) -> pq.ParquetFile:
     try:
         return pq.ParquetFile(path)
     except (OSError, pa.ArrowException) as e:
@@ -158,51 +155,67 @@ def shard_plan(path: str | Path, world_size: int, *, count_rows: bool = True) ->
     if world_size < 1:
         raise ValueError(f"world_size must be >= 1, got {world_size}")
     files = list_data_files(path)
-    fmt = file_format(files[0])
-    W = world_size
-    pieces: list[list[ShardPiece]] = [[] for _ in range(W)]
+    parquet = file_format(files[0]) == "parquet"
+    if len(files) >= world_size:
+        pieces = _whole_files(files, world_size, count_rows and parquet)
+    elif not parquet:
+        pieces = _jsonl_parts(files, world_size)
+    else:
+        metas = [(f, parquet_file(f).metadata) for f in files]
+        if sum(m.num_row_groups for _, m in metas) >= world_size:
+            pieces = _row_groups(metas, world_size)
+        else:
+            pieces = _row_ranges(metas, world_size)
+    return [ShardSpec(r, world_size, tuple(p)) for r, p in enumerate(pieces)]
 
-    if len(files) >= W:
-        for i, f in enumerate(files):
-            n = _parquet_file(f).metadata.num_rows if fmt == "parquet" and count_rows else None
-            pieces[i % W].append(ShardPiece(f, "file", num_rows=n))
-        return [ShardSpec(r, W, tuple(pieces[r])) for r in range(W)]
 
-    if fmt == "jsonl":
-        for r in range(W):
-            f_idx = r % len(files)
-            sharing = len(range(f_idx, W, len(files)))
-            pieces[r].append(ShardPiece(files[f_idx], "rows", part=(r // len(files), sharing)))
-        return [ShardSpec(r, W, tuple(pieces[r])) for r in range(W)]
+def _whole_files(files: list[Path], w: int, count_rows: bool) -> list[list[ShardPiece]]:
+    pieces: list[list[ShardPiece]] = [[] for _ in range(w)]
+    for i, f in enumerate(files):
+        n = parquet_file(f).metadata.num_rows if count_rows else None
+        pieces[i % w].append(ShardPiece(f, "file", num_rows=n))
+    return pieces
 
-    metas = [(f, _parquet_file(f).metadata) for f in files]
+
+def _jsonl_parts(files: list[Path], w: int) -> list[list[ShardPiece]]:
+    """Rank r → file r mod n, its rows split evenly between the ranks sharing it."""
+    pieces = []
+    for r in range(w):
+        f_idx = r % len(files)
+        sharing = len(range(f_idx, w, len(files)))
+        pieces.append([ShardPiece(files[f_idx], "rows", part=(r // len(files), sharing))])
+    return pieces
+
+
+def _row_groups(metas: list[tuple[Path, Any]], w: int) -> list[list[ShardPiece]]:
+    """Row groups numbered across the files, round-robin."""
     groups = [(f, g, m.row_group(g).num_rows) for f, m in metas for g in range(m.num_row_groups)]
-    if len(groups) >= W:
-        by_rank: list[dict[Path, list[tuple[int, int]]]] = [{} for _ in range(W)]
-        for i, (f, g, n) in enumerate(groups):
-            by_rank[i % W].setdefault(f, []).append((g, n))
-        for r in range(W):
-            for f, gs in by_rank[r].items():
-                rgs = tuple(g for g, _ in gs)
-                pieces[r].append(ShardPiece(f, "row_groups", rgs, num_rows=sum(n for _, n in gs)))
-        return [ShardSpec(r, W, tuple(pieces[r])) for r in range(W)]
+    by_rank: list[dict[Path, list[tuple[int, int]]]] = [{} for _ in range(w)]
+    for i, (f, g, n) in enumerate(groups):
+        by_rank[i % w].setdefault(f, []).append((g, n))
+    return [
+        [
+            ShardPiece(f, "row_groups", tuple(g for g, _ in gs), num_rows=sum(n for _, n in gs))
+            for f, gs in mine.items()
+        ]
+        for mine in by_rank
+    ]
 
-    # Row ranges over the files laid end to end.
+
+def _row_ranges(metas: list[tuple[Path, Any]], w: int) -> list[list[ShardPiece]]:
+    """Row ranges over the files laid end to end."""
     total = sum(m.num_rows for _, m in metas)
-    file_starts: list[int] = []
-    acc = 0
-    for _, m in metas:
-        file_starts.append(acc)
-        acc += m.num_rows
-    for r in range(W):
-        lo, hi = r * total // W, (r + 1) * total // W
-        for (f, m), start in zip(metas, file_starts, strict=True):
+    starts = [sum(m.num_rows for _, m in metas[:i]) for i in range(len(metas))]
+    pieces: list[list[ShardPiece]] = [[] for _ in range(w)]
+    for r in range(w):
+        lo, hi = r * total // w, (r + 1) * total // w
+        for (f, m), start in zip(metas, starts, strict=True):
             a, b = max(lo, start), min(hi, start + m.num_rows)
             if a < b:
                 pieces[r].append(
                     ShardPiece(f, "rows", row_start=a - start, row_stop=b - start, num_rows=b - a)
                 )
-    return [ShardSpec(r, W, tuple(pieces[r])) for r in range(W)]
+    return pieces
 
 
 # ----------------------------------------------------------------------------- reading
@@ -218,7 +231,8 @@ def _resolve_columns(names: Sequence[str], columns: Sequence[str] | None) -> lis
     return [n for n in names if n in wanted]
 
 
-def _apply_aliases(table: pa.Table, source: Path) -> pa.Table:
+def apply_aliases(table: pa.Table, source: Path) -> pa.Table:
+    """`table` with aliased columns (`ALIASES`) renamed; both names at once is an error."""
     names = table.column_names
     for alias, canon in ALIASES.items():
         if alias in names:
@@ -228,14 +242,12 @@ def _apply_aliases(table: pa.Table, source: Path) -> pa.Table:
     return table.rename_columns(names) if names != table.column_names else table
 
 
-def _parquet_file_for_read(
-    path: Path, extra_dictionary_columns: Sequence[str] = ()
-) -> pq.ParquetFile:
+def open_parquet(path: Path, extra_dictionary_columns: Sequence[str] = ()) -> pq.ParquetFile:
     """A ParquetFile whose map keys decode as dictionaries: feature ids repeat on every row,
     and decoding them as dictionary codes instead of millions of strings makes reading and
     tensorizing sparse features about ten times faster. String columns (or list elements)
     under the top-level `extra_dictionary_columns` decode as dictionaries too."""
-    pf = _parquet_file(path)
+    pf = parquet_file(path)
     keys = [
         c.path
         for c in (pf.schema.column(i) for i in range(len(pf.schema)))
@@ -263,7 +275,7 @@ def _empty(pf: pq.ParquetFile, cols: list[str] | None) -> pa.Table:
 
 
 def _read_parquet_piece(piece: ShardPiece, columns: Sequence[str] | None) -> pa.Table:
-    pf = _parquet_file_for_read(piece.file)
+    pf = open_parquet(piece.file)
     cols = _resolve_columns(pf.schema_arrow.names, columns)
     try:
         if piece.kind in ("file", "row_groups"):
@@ -308,86 +320,15 @@ def iter_parquet_rows(
             break
 
 
-def _open_text(path: Path) -> io.TextIOBase:
-    name = path.name.lower()
-    if name.endswith(".gz"):
-        return gzip.open(path, "rt", encoding="utf-8")
-    if name.endswith(".bz2"):
-        return bz2.open(path, "rt", encoding="utf-8")
-    return open(path, encoding="utf-8")
-
-
-def _is_map_like(values: Iterable[Any]) -> Literal["map", "list_map", "other"]:
-    """Whether a JSON column holds objects (feature maps) or lists of objects."""
-    for v in values:
-        if v is None:
-            continue
-        if isinstance(v, dict):
-            return "map"
-        if isinstance(v, list):
-            for e in v:
-                if e is not None:
-                    return "list_map" if isinstance(e, dict) else "other"
-            continue
-        return "other"
-    return "other"
-
-
-_FEATURE_MAP = pa.map_(pa.string(), pa.float64())
-
-
-def _jsonl_to_table(records: list[dict[str, Any]], source: Path) -> pa.Table:
-    # JSON objects are feature maps in this schema (SPEC §2.1); pyarrow's JSON reader would
-    # turn them into structs whose fields change from block to block, so build maps here.
-    names: list[str] = list(dict.fromkeys(k for r in records for k in r))
-    arrays: list[pa.Array] = []
-    for name in names:
-        values = [r.get(name) for r in records]
-        shape = _is_map_like(values)
-        try:
-            if shape == "map":
-                arrays.append(pa.array(values, type=_FEATURE_MAP))
-            elif shape == "list_map":
-                arrays.append(pa.array(values, type=pa.list_(_FEATURE_MAP)))
-            else:
-                arrays.append(pa.array(values))
-        except (pa.ArrowException, TypeError, ValueError) as e:
-            raise DataError(f"{source}: column '{name}': values of mixed or bad types ({e})") from e
-    return pa.Table.from_arrays(arrays, names=names)
-
-
-def _read_jsonl_piece(piece: ShardPiece, columns: Sequence[str] | None) -> pa.Table:
-    try:
-        with _open_text(piece.file) as fh:
-            lines = [ln for ln in fh if ln.strip()]
-    except (OSError, EOFError, UnicodeDecodeError) as e:
-        raise DataError(f"{piece.file}: cannot read file ({e})") from e
-    if piece.part is not None:
-        k, parts = piece.part
-        lines = lines[k * len(lines) // parts : (k + 1) * len(lines) // parts]
-    records: list[dict[str, Any]] = []
-    for i, ln in enumerate(lines):
-        try:
-            rec = json.loads(ln)
-        except json.JSONDecodeError as e:
-            raise DataError(
-                f"{piece.file}: line {i + 1} of the shard is not valid JSON ({e})"
-            ) from e
-        if not isinstance(rec, dict):
-            raise DataError(f"{piece.file}: line {i + 1} of the shard is not a JSON object")
-        records.append(rec)
-    table = _jsonl_to_table(records, piece.file)
-    cols = _resolve_columns(table.column_names, columns)
-    return table if cols is None else table.select(cols)
-
-
 def read_piece(piece: ShardPiece, columns: Sequence[str] | None = None) -> pa.Table:
     """One piece of a shard, aliases renamed."""
     if file_format(piece.file) == "parquet":
         table = _read_parquet_piece(piece, columns)
     else:
-        table = _read_jsonl_piece(piece, columns)
-    return _apply_aliases(table, piece.file)
+        table = read_jsonl(piece.file, piece.part)
+        cols = _resolve_columns(table.column_names, columns)
+        table = table if cols is None else table.select(cols)
+    return apply_aliases(table, piece.file)
 
 
 def _concat(tables: list[pa.Table], source: str) -> pa.Table:
@@ -424,20 +365,13 @@ def empty_like(path: str | Path) -> tuple[pa.Table, bool]:
     a schema; for JSON Lines only the first record's keys are read (types come from rows)."""
     first = list_data_files(path)[0]
     if file_format(first) == "parquet":
-        table = _empty(_parquet_file(first), None)
-        return _apply_aliases(table, first), True
-    try:
-        with _open_text(first) as fh:
-            line = next((ln for ln in fh if ln.strip()), "{}")
-        record = json.loads(line)
-    except (OSError, EOFError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise DataError(f"{first}: cannot read the first record ({e})") from e
-    if not isinstance(record, dict):
-        raise DataError(f"{first}: line 1 is not a JSON object")
-    table = pa.table({name: pa.nulls(0) for name in record})
-    return _apply_aliases(table, first), False
+        table = _empty(parquet_file(first), None)
+        return apply_aliases(table, first), True
+    table = pa.table({name: pa.nulls(0) for name in first_record_keys(first)})
+    return apply_aliases(table, first), False
 
 
 def read_table(path: str | Path, columns: Sequence[str] | None = None) -> pa.Table:
-    """The whole table (for small eval sets and tests; training reads shards)."""
+    """The whole table (a table `predict` scores; training and eval tables are ingested
+    row group by row group, `data/ingest.py`)."""
     return read_shard(path, 0, 1, columns)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from reagent_lite.errors import ConfigError
-from reagent_lite.kinds.base import EVAL_ONLY_FIELDS, FeatureSpace, Kind, StreamedShard
+from reagent_lite.kinds.base import EVAL_ONLY_FIELDS, FeatureSpace, Kind
 from reagent_lite.kinds.discrete import DiscreteKind, DiscreteServingModule
 from reagent_lite.kinds.parametric import ParametricKind, ParametricServingModule
 
@@ -31,6 +31,5 @@ __all__ = [
     "Kind",
     "ParametricKind",
     "ParametricServingModule",
-    "StreamedShard",
     "get_kind",
 ]

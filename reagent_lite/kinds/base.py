@@ -3,7 +3,8 @@
 The shared code — the loop, ingest, CPE, export, the online check — asks a `Kind` and
 never branches on a kind's name. A kind declares:
 
-* its data: how a shard is ingested (resident, or window by window from disk), the
+* its data: the schema its tables are validated against and the layout they are
+  ingested into (`data/ingest.py`: resident shards, windows from disk, eval tables), the
   feature space the ranks agree on, the samples normalization is fitted on, the training
   tensors (`TensorDict` columns) a shard becomes;
 * its networks and maths: the Q-network, the trainer, Q over the candidate set, the
@@ -23,15 +24,17 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar, Generic, TypeVar
 
 import numpy as np
-import pyarrow as pa
 import torch
 from torch import Tensor, nn
 
 from reagent_lite.config import BaseWorkflowConfig
-from reagent_lite.data.disk_stream import DiskShardStream, stream_units
+from reagent_lite.data.disk_stream import DiskShardStream
+from reagent_lite.data.ingest import Layout, ingest
 from reagent_lite.data.readers import ShardPiece
+from reagent_lite.data.schema import TableSchema
 from reagent_lite.data.shard_builder import IngestedShard
 from reagent_lite.data.tensordict import TensorDict
+from reagent_lite.data.windows import load_units, stream_units
 from reagent_lite.distributed.context import DistContext
 from reagent_lite.errors import DataError
 from reagent_lite.normalization.module import Preprocessor, one_intraop_thread
@@ -41,9 +44,6 @@ C = TypeVar("C", bound=BaseWorkflowConfig)
 
 # Columns only evaluation reads: never gathered or streamed for training steps.
 EVAL_ONLY_FIELDS = ("propensity", "mdp_id", "sequence_number")
-# Rows normalized at a time: bounds the temporary memory of the preprocessing pass.
-_NORM_CHUNK = 65_536
-
 # A greedy policy over an environment's discrete actions: (state, presence) → env action.
 Actor = Callable[[Tensor, Tensor], int]
 
@@ -80,28 +80,6 @@ class FeatureSpace:
         return self.state_ids if group == "state" else self.action_ids
 
 
-@dataclass
-class StreamedShard:
-    """A shard from the streaming ingest (`data/ingest.py`): feature matrices in agreed-id
-    order with NaN = absent (no presence matrices), other fields as tensors."""
-
-    features: dict[str, Tensor]  # e.g. "state", "next_state": float32 [N, F]
-    other: dict[str, Tensor]
-    rows_per_part: list[int]
-
-    def __len__(self) -> int:
-        return int(next(iter(self.features.values())).shape[0])
-
-    @classmethod
-    def of(cls, shard: IngestedShard) -> StreamedShard:
-        """The arrays of an ingested shard, as tensors sharing their memory."""
-        return cls(
-            {k: torch.from_numpy(v) for k, v in shard.features.items()},
-            {k: torch.from_numpy(v) for k, v in shard.fields.items()},
-            shard.rows_per_part or [len(shard)],
-        )
-
-
 def numeric_sorted(ids: set[str]) -> list[str]:
     return sorted(ids, key=lambda s: (int(s), s) if s.isdigit() else (1 << 62, s))
 
@@ -114,36 +92,9 @@ def agree_ids(ctx: DistContext, local: set[str]) -> list[str]:
     return numeric_sorted(union)
 
 
-def normalize_chunked(pre: Preprocessor, values: Tensor, presence: Tensor) -> Tensor:
-    """Applies the preprocessor over leading dims in chunks (rows of [N, ..., F])."""
-    lead = values.shape[:-1]
-    flat_v = values.reshape(-1, values.shape[-1])
-    flat_p = presence.reshape(-1, presence.shape[-1])
-    out = torch.empty(flat_v.shape[0], pre.out_dim, dtype=torch.float32)
-    with torch.no_grad(), one_intraop_thread():
-        for start in range(0, flat_v.shape[0], _NORM_CHUNK):
-            stop = start + _NORM_CHUNK
-            out[start:stop] = pre(flat_v[start:stop], flat_p[start:stop])
-    return out.reshape(*lead, pre.out_dim)
-
-
-def sample_rows(values: Tensor, presence: Tensor, n: int, seed: int) -> np.ndarray:
-    """Up to n rows of raw values with NaN where a feature is absent (normalization input)."""
-    flat_v = values.reshape(-1, values.shape[-1])
-    flat_p = presence.reshape(-1, presence.shape[-1])
-    keep = flat_p.sum(dim=1) > 0  # padded candidates are all-absent: not data
-    flat_v, flat_p = flat_v[keep], flat_p[keep]
-    if flat_v.shape[0] > n:
-        gen = torch.Generator().manual_seed(seed)
-        idx = torch.randperm(flat_v.shape[0], generator=gen)[:n]
-        flat_v, flat_p = flat_v[idx], flat_p[idx]
-    sample = flat_v.numpy().astype(np.float64, copy=True)
-    sample[flat_p.numpy() == 0] = np.nan
-    return sample
-
-
 def sample_nan_rows(values: Tensor, n: int, seed: int) -> np.ndarray:
-    """`sample_rows` for NaN-coded values: the same rows, without copying the shard."""
+    """Up to n seeded rows of NaN-coded raw values [N, F] (normalization input); rows with
+    no feature at all (padded candidates: not data) are never picked."""
     with one_intraop_thread():
         any_present = torch.empty(values.shape[0], dtype=torch.bool)
         step = 1 << 16  # bounds the [rows, F] temporaries
@@ -156,14 +107,6 @@ def sample_nan_rows(values: Tensor, n: int, seed: int) -> np.ndarray:
         return values[keep].numpy().astype(np.float64)
 
 
-def ingest_opts(cfg: BaseWorkflowConfig) -> dict[str, bool]:
-    """The options of the streaming ingest a config sets (both kinds, every loader)."""
-    return {
-        "use_seq_num_diff_as_time_diff": cfg.rl.use_seq_num_diff_as_time_diff,
-        "drop_bad_rows": cfg.drop_bad_rows,
-    }
-
-
 class Kind(ABC, Generic[C]):
     """One workflow kind (see the module notes). Stateless: one instance serves every run."""
 
@@ -173,46 +116,58 @@ class Kind(ABC, Generic[C]):
 
     # ------------------------------------------------------------------ data
     @abstractmethod
-    def feature_space(self, ctx: DistContext, table: pa.Table, cfg: C) -> FeatureSpace:
-        """The agreed feature space of a whole table (every rank's shard of it)."""
+    def schema(self, cfg: C) -> TableSchema:
+        """The columns of the kind's tables and the rules their rows obey (validation)."""
 
     @abstractmethod
-    def tensorize(self, table: pa.Table, space: FeatureSpace, cfg: C, source: str) -> Any:
-        """A validated table as raw tensors in `space`'s order (eval tables)."""
+    def layout(self, cfg: C, space: FeatureSpace | None = None) -> Layout[Any]:
+        """How the kind's tables are ingested (`data/ingest.py`); with `space`, conformed
+        to it (its ids first, ids outside it dropped, its K of candidates)."""
 
     @abstractmethod
-    def load_shard(
-        self, ctx: DistContext, cfg: C, path: str, parts: list[tuple[int, int]]
-    ) -> tuple[FeatureSpace, StreamedShard, dict[str, float]]:
-        """Streaming read + validate + tensorize of this rank's shard (`parts`: the (rank,
-        world) shards to lay end to end, normally one); the feature space is agreed here.
-        Also returns where the time went (seconds by stage)."""
+    def agree_space(self, ctx: DistContext, cfg: C, shard: IngestedShard) -> FeatureSpace:
+        """The feature space every rank agrees on, from what this rank's shard showed."""
 
     @abstractmethod
     def scan_space(self, ctx: DistContext, cfg: C, units: list[ShardPiece]) -> FeatureSpace:
         """The agreed feature space from a keys-only scan of the shard's units."""
 
     @abstractmethod
-    def load_window(
-        self, cfg: C, space: FeatureSpace, units: Sequence[ShardPiece]
-    ) -> StreamedShard:
-        """A window of units, ingested in `space`'s order."""
-
-    @abstractmethod
-    def action_names(self, cfg: C) -> list[str] | None:
-        """The configured action names (None: actions are not named)."""
-
-    @abstractmethod
     def norm_files(self, cfg: C) -> dict[str, str | None]:
         """Preprocessor group ("state", "action") → its configured normalization file."""
 
     @abstractmethod
-    def norm_samples(self, raw: Any, n: int, seed: int) -> dict[str, np.ndarray]:
+    def norm_samples(self, shard: IngestedShard, n: int, seed: int) -> dict[str, np.ndarray]:
         """Up to n raw rows per preprocessor group, NaN = absent (what normalization fits)."""
 
     @abstractmethod
-    def training_tensors(self, raw: Any, pre: dict[str, Preprocessor]) -> TensorDict:
-        """The normalized columns training and evaluation read."""
+    def training_tensors(self, shard: IngestedShard, pre: dict[str, Preprocessor]) -> TensorDict:
+        """The normalized columns training and evaluation read; the shard's feature arrays
+        are normalized in place (its raw values are gone afterwards)."""
+
+    def load_shard(
+        self, ctx: DistContext, cfg: C, path: str, parts: list[tuple[int, int]]
+    ) -> tuple[FeatureSpace, IngestedShard]:
+        """This rank's shard (`parts`: the (rank, world) shards to lay end to end, normally
+        one), ingested and conformed to the feature space the ranks agree on here."""
+        shard = ingest(path, parts, self.layout(cfg))
+        space = self.agree_space(ctx, cfg, shard)
+        conform = self.layout(cfg, space).conform
+        assert conform is not None
+        conform(shard)
+        return space, shard
+
+    def load_window(
+        self, cfg: C, space: FeatureSpace, units: Sequence[ShardPiece]
+    ) -> IngestedShard:
+        """A window of units (`stream_from_disk`), ingested in `space`."""
+        return load_units(units, self.layout(cfg, space))
+
+    def load_table(self, cfg: C, space: FeatureSpace, path: str) -> IngestedShard:
+        """A whole table (an eval table) in the training run's feature space: features the
+        training data never had are ignored, candidate lists longer than its K are an error
+        naming `path`, as are rows that break the kind's schema."""
+        return ingest(path, [(0, 1)], self.layout(cfg, space))
 
     # ------------------------------------------------------------- networks
     @abstractmethod
@@ -257,7 +212,7 @@ class Kind(ABC, Generic[C]):
     # ---------------------------------------------------------- disk streaming
     def open_disk_sample(
         self, ctx: DistContext, cfg: C, path: str
-    ) -> tuple[FeatureSpace, StreamedShard, list[ShardPiece]]:
+    ) -> tuple[FeatureSpace, IngestedShard, list[ShardPiece]]:
         """`stream_from_disk`: the feature space (from a keys-only scan of the shard, agreed
         by the ranks), a raw sample of a few seeded row groups (normalization is fitted on
         it; normalized, it is the column template the step runner sizes its buffers from)

@@ -11,23 +11,24 @@ import torch
 from torch import Tensor, nn
 
 from reagent_lite.config import DQNWorkflowConfig
-from reagent_lite.data import tensorize as tz
-from reagent_lite.data.disk_stream import load_window, scan_state_ids
-from reagent_lite.data.ingest import ingest_discrete
+from reagent_lite.data.arrow import NAME_EMPTY, NAME_NULL, is_str, string_index
+from reagent_lite.data.checks import Problems, Rule, name_rows
+from reagent_lite.data.discrete_shard import DiscreteShard, DiscreteShardBuilder
+from reagent_lite.data.ingest import Layout
 from reagent_lite.data.readers import ShardPiece
-from reagent_lite.data.tensordict import TensorDict
-from reagent_lite.distributed.context import DistContext
-from reagent_lite.kinds.base import (
-    Actor,
-    FeatureSpace,
-    Kind,
-    StreamedShard,
-    agree_ids,
-    ingest_opts,
-    normalize_chunked,
-    sample_nan_rows,
-    sample_rows,
+from reagent_lite.data.schema import (
+    STATE_COLUMNS,
+    TableSchema,
+    field,
+    list_of,
+    or_null,
+    transition_schema,
 )
+from reagent_lite.data.shard_builder import IngestedShard
+from reagent_lite.data.tensordict import TensorDict
+from reagent_lite.data.windows import scan_units
+from reagent_lite.distributed.context import DistContext
+from reagent_lite.kinds.base import Actor, FeatureSpace, Kind, agree_ids, sample_nan_rows
 from reagent_lite.models import build_q_network
 from reagent_lite.normalization.module import Preprocessor
 from reagent_lite.trainers.dqn import DQNTrainer
@@ -41,78 +42,53 @@ class DiscreteKind(Kind[DQNWorkflowConfig]):
     }
 
     # ------------------------------------------------------------------ data
-    def feature_space(
-        self, ctx: DistContext, table: pa.Table, cfg: DQNWorkflowConfig
-    ) -> FeatureSpace:
-        ids = agree_ids(ctx, set(tz.collect_feature_ids(table, "state_features")))
-        return FeatureSpace(state_ids=ids, actions=list(cfg.actions))
+    def schema(self, cfg: DQNWorkflowConfig) -> TableSchema:
+        return dqn_schema(list(cfg.actions))
 
-    def tensorize(
-        self, table: pa.Table, space: FeatureSpace, cfg: DQNWorkflowConfig, source: str
-    ) -> Any:
-        return tz.tensorize_discrete(
-            table,
-            space.state_ids,
-            space.actions,
-            use_seq_num_diff_as_time_diff=cfg.rl.use_seq_num_diff_as_time_diff,
-            source=source,
+    def layout(
+        self, cfg: DQNWorkflowConfig, space: FeatureSpace | None = None
+    ) -> Layout[DiscreteShard]:
+        actions, ids = list(cfg.actions), space.state_ids if space is not None else []
+
+        def builder(capacity: int | None, source: str) -> DiscreteShardBuilder:
+            return DiscreteShardBuilder(
+                actions,
+                capacity=capacity,
+                use_seq_num_diff_as_time_diff=cfg.rl.use_seq_num_diff_as_time_diff,
+                source=source,
+                feature_ids=ids,
+            )
+
+        def conform(shard: DiscreteShard) -> None:
+            shard.reorder(ids)
+
+        return Layout(
+            self.schema(cfg), builder, conform if space is not None else None, cfg.drop_bad_rows
         )
 
-    def load_shard(
-        self, ctx: DistContext, cfg: DQNWorkflowConfig, path: str, parts: list[tuple[int, int]]
-    ) -> tuple[FeatureSpace, StreamedShard, dict[str, float]]:
-        shard = ingest_discrete(path, parts, list(cfg.actions), **ingest_opts(cfg))
-        space = FeatureSpace(state_ids=agree_ids(ctx, shard.state_ids), actions=list(cfg.actions))
-        shard.reorder(space.state_ids)
-        return space, StreamedShard.of(shard), shard.timings
+    def agree_space(
+        self, ctx: DistContext, cfg: DQNWorkflowConfig, shard: IngestedShard
+    ) -> FeatureSpace:
+        return FeatureSpace(state_ids=agree_ids(ctx, shard.state_ids), actions=list(cfg.actions))
 
     def scan_space(
         self, ctx: DistContext, cfg: DQNWorkflowConfig, units: list[ShardPiece]
     ) -> FeatureSpace:
-        return FeatureSpace(
-            state_ids=agree_ids(ctx, scan_state_ids(units)), actions=list(cfg.actions)
-        )
-
-    def load_window(
-        self, cfg: DQNWorkflowConfig, space: FeatureSpace, units: Sequence[ShardPiece]
-    ) -> StreamedShard:
-        shard = load_window(units, space.actions, space.state_ids, **ingest_opts(cfg))
-        return StreamedShard.of(shard)
-
-    def action_names(self, cfg: DQNWorkflowConfig) -> list[str] | None:
-        return list(cfg.actions)
+        ids = scan_units(units, {"state": STATE_COLUMNS})[0]["state"]
+        return FeatureSpace(state_ids=agree_ids(ctx, ids), actions=list(cfg.actions))
 
     def norm_files(self, cfg: DQNWorkflowConfig) -> dict[str, str | None]:
         return {"state": cfg.state_norm_data_path}
 
-    def norm_samples(self, raw: Any, n: int, seed: int) -> dict[str, np.ndarray]:
-        if isinstance(raw, StreamedShard):
-            return {"state": sample_nan_rows(raw.features["state"], n, seed)}
-        return {"state": sample_rows(raw.state, raw.state_presence, n, seed)}
+    def norm_samples(self, shard: IngestedShard, n: int, seed: int) -> dict[str, np.ndarray]:
+        return {"state": sample_nan_rows(torch.from_numpy(shard.features["state"]), n, seed)}
 
-    def training_tensors(self, raw: Any, pre: dict[str, Preprocessor]) -> TensorDict:
+    def training_tensors(self, shard: IngestedShard, pre: dict[str, Preprocessor]) -> TensorDict:
+        # Normalized in place: the raw values are not needed after this.
         state_pre = pre["state"]
-        if isinstance(raw, StreamedShard):
-            # Normalized in place: the raw values are not needed after this.
-            data = {k: state_pre.normalize_rows(v) for k, v in raw.features.items()}
-            raw.features = {}
-            return TensorDict({**data, **raw.other})
-        return TensorDict(
-            {
-                "state": normalize_chunked(state_pre, raw.state, raw.state_presence),
-                "next_state": normalize_chunked(state_pre, raw.next_state, raw.next_state_presence),
-                "action": raw.action,
-                "next_action": raw.next_action,
-                "reward": raw.reward,
-                "possible_actions_mask": raw.possible_actions_mask,
-                "possible_next_actions_mask": raw.possible_next_actions_mask,
-                "terminal": raw.terminal,
-                "time_diff": raw.time_diff,
-                "propensity": raw.propensity,
-                "mdp_id": raw.mdp_id,
-                "sequence_number": raw.sequence_number,
-            }
-        )
+        data = {k: state_pre.normalize_rows(torch.from_numpy(v)) for k, v in shard.features.items()}
+        shard.features = {}
+        return TensorDict({**data, **{k: torch.from_numpy(v) for k, v in shard.fields.items()}})
 
     # ------------------------------------------------------------- networks
     def build_q_network(
@@ -183,3 +159,42 @@ class DiscreteServingModule(nn.Module):
     def forward(self, state_values: Tensor, state_presence: Tensor) -> Tensor:
         out: Tensor = self.q_net(self.state_pre(state_values, state_presence))
         return out
+
+
+# ----------------------------------------------------------------------------- schema
+
+
+def _no_action(actions: Sequence[str]) -> Rule:
+    def rule(col: pa.ChunkedArray) -> Problems:
+        idx = string_index(col, actions)
+        return [((idx == NAME_NULL) | (idx == NAME_EMPTY), "no action (null or empty)")]
+
+    return rule
+
+
+def _unknown(actions: Sequence[str], what: str) -> Rule:
+    return lambda col: [(name_rows(col, actions), what)]
+
+
+def dqn_schema(actions: Sequence[str]) -> TableSchema:
+    """A dqn table: actions named (one of `actions`), candidates as lists of names or as
+    0/1 masks of one entry per action."""
+    names = list(actions)
+    unknown = f"unknown action name (expected one of {names})"
+    in_list = (
+        f"unknown action name, or a mask whose length is not {len(names)} "
+        "or whose entries are not all 0 or 1"
+    )
+    possible = list_of(lambda t: is_str(t) or pa.types.is_integer(t) or pa.types.is_boolean(t))
+    lists = "lists of action names, or 0/1 masks of len(actions)"
+    return transition_schema(
+        "dqn",
+        [
+            field("action", is_str, "action names (strings)", _no_action(names),
+                  _unknown(names, unknown)),
+            field("next_action", or_null(is_str), "action names (strings or null)",
+                  _unknown(names, f'unknown action name (expected one of {names}, or null/"")')),
+            field("possible_actions", possible, lists, _unknown(names, in_list)),
+            field("possible_next_actions", possible, lists, _unknown(names, in_list)),
+        ],
+    )  # fmt: skip

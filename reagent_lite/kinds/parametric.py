@@ -3,41 +3,56 @@ padded candidate set [B, K, G] with a mask [B, K]."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Any, ClassVar
 
 import numpy as np
-import pyarrow as pa
 import torch
 from torch import Tensor, nn
 
 from reagent_lite.config import ParametricDQNWorkflowConfig
-from reagent_lite.data import tensorize as tz
-from reagent_lite.data.disk_stream import load_parametric_window, scan_units
-from reagent_lite.data.ingest_parametric import (
+from reagent_lite.data.arrow import is_feature_map
+from reagent_lite.data.checks import candidate_problems, feature_problems, null_rows
+from reagent_lite.data.ingest import Layout
+from reagent_lite.data.parametric_shard import (
     CANDIDATE_COLUMNS,
     PARAMETRIC_FIELDS,
-    ingest_parametric,
+    ParametricShard,
+    ParametricShardBuilder,
 )
 from reagent_lite.data.readers import ShardPiece
-from reagent_lite.data.tensordict import TensorDict
-from reagent_lite.distributed.context import DistContext
-from reagent_lite.kinds.base import (
-    Actor,
-    FeatureSpace,
-    Kind,
-    StreamedShard,
-    agree_ids,
-    ingest_opts,
-    normalize_chunked,
-    sample_nan_rows,
-    sample_rows,
+from reagent_lite.data.schema import (
+    FEATURE_MAP,
+    STATE_COLUMNS,
+    TableSchema,
+    field,
+    list_of,
+    or_null,
+    transition_schema,
 )
+from reagent_lite.data.shard_builder import IngestedShard
+from reagent_lite.data.tensordict import TensorDict
+from reagent_lite.data.windows import scan_units
+from reagent_lite.distributed.context import DistContext
+from reagent_lite.kinds.base import Actor, FeatureSpace, Kind, agree_ids, sample_nan_rows
 from reagent_lite.models.parametric import ParametricQNetwork
 from reagent_lite.normalization.module import Preprocessor
 from reagent_lite.trainers.parametric_dqn import ParametricDQNTrainer
 
 _Cfg = ParametricDQNWorkflowConfig
+
+# A parametric table: actions and candidates are feature maps.
+PARAMETRIC_SCHEMA = transition_schema(
+    "parametric_dqn",
+    [
+        field("action", is_feature_map, FEATURE_MAP, null_rows("no action (null map)"),
+              feature_problems),
+        field("next_action", or_null(is_feature_map), FEATURE_MAP, feature_problems),
+        field("possible_actions", list_of(is_feature_map), f"lists of {FEATURE_MAP}",
+              candidate_problems),
+        field("possible_next_actions", list_of(is_feature_map), f"lists of {FEATURE_MAP}",
+              candidate_problems),
+    ],
+)  # fmt: skip
 
 
 class ParametricKind(Kind[ParametricDQNWorkflowConfig]):
@@ -54,110 +69,71 @@ class ParametricKind(Kind[ParametricDQNWorkflowConfig]):
     }
 
     # ------------------------------------------------------------------ data
-    def feature_space(self, ctx: DistContext, table: pa.Table, cfg: _Cfg) -> FeatureSpace:
-        state_ids = agree_ids(ctx, set(tz.collect_feature_ids(table, "state_features")))
-        action_ids = agree_ids(ctx, set(tz.collect_feature_ids(table, "action")))
-        k = max(ctx.all_gather_object(tz.max_candidates_in(table)))
-        if cfg.max_candidates is not None:
-            k = cfg.max_candidates
-        return FeatureSpace(state_ids=state_ids, action_ids=action_ids, max_candidates=k)
+    def schema(self, cfg: _Cfg) -> TableSchema:
+        return PARAMETRIC_SCHEMA
 
-    def tensorize(self, table: pa.Table, space: FeatureSpace, cfg: _Cfg, source: str) -> Any:
-        return tz.tensorize_parametric(
-            table,
-            space.state_ids,
-            space.action_ids,
-            max_candidates=space.max_candidates,
-            use_seq_num_diff_as_time_diff=cfg.rl.use_seq_num_diff_as_time_diff,
-            source=source,
+    def layout(self, cfg: _Cfg, space: FeatureSpace | None = None) -> Layout[ParametricShard]:
+        state_ids = space.state_ids if space is not None else []
+        action_ids = space.action_ids if space is not None else []
+        k = space.max_candidates if space is not None else cfg.max_candidates
+
+        def builder(capacity: int | None, source: str) -> ParametricShardBuilder:
+            return ParametricShardBuilder(
+                capacity=capacity,
+                max_candidates=k,
+                use_seq_num_diff_as_time_diff=cfg.rl.use_seq_num_diff_as_time_diff,
+                source=source,
+                state_feature_ids=state_ids,
+                action_feature_ids=action_ids,
+            )
+
+        def conform(shard: ParametricShard) -> None:
+            assert k is not None
+            shard.conform(state_ids, action_ids, k)
+
+        return Layout(
+            self.schema(cfg), builder, conform if space is not None else None, cfg.drop_bad_rows
         )
 
-    def load_shard(
-        self, ctx: DistContext, cfg: _Cfg, path: str, parts: list[tuple[int, int]]
-    ) -> tuple[FeatureSpace, StreamedShard, dict[str, float]]:
-        shard = ingest_parametric(
-            path, parts, max_candidates=cfg.max_candidates, **ingest_opts(cfg)
-        )
-        k = cfg.max_candidates or max(ctx.all_gather_object(shard.max_candidates))
-        space = FeatureSpace(
+    def agree_space(self, ctx: DistContext, cfg: _Cfg, shard: IngestedShard) -> FeatureSpace:
+        assert isinstance(shard, ParametricShard)
+        return FeatureSpace(
             state_ids=agree_ids(ctx, shard.state_ids),
             action_ids=agree_ids(ctx, shard.action_ids),
-            max_candidates=k,
+            max_candidates=cfg.max_candidates or max(ctx.all_gather_object(shard.max_candidates)),
         )
-        shard.conform(space.state_ids, space.action_ids, k)
-        return space, StreamedShard.of(shard), shard.timings
 
     def scan_space(self, ctx: DistContext, cfg: _Cfg, units: list[ShardPiece]) -> FeatureSpace:
         lists = () if cfg.max_candidates else CANDIDATE_COLUMNS
-        ids, longest = scan_units(units, {"state": tz.STATE_COLUMNS, "action": ("action",)}, lists)
+        ids, longest = scan_units(units, {"state": STATE_COLUMNS, "action": ("action",)}, lists)
         return FeatureSpace(
             state_ids=agree_ids(ctx, ids["state"]),
             action_ids=agree_ids(ctx, ids["action"]),
             max_candidates=cfg.max_candidates or max(ctx.all_gather_object(longest)),
         )
 
-    def load_window(
-        self, cfg: _Cfg, space: FeatureSpace, units: Sequence[ShardPiece]
-    ) -> StreamedShard:
-        shard = load_parametric_window(
-            units, space.state_ids, space.action_ids, space.max_candidates, **ingest_opts(cfg)
-        )
-        return StreamedShard.of(shard)
-
-    def action_names(self, cfg: _Cfg) -> list[str] | None:
-        return None
-
     def norm_files(self, cfg: _Cfg) -> dict[str, str | None]:
         return {"state": cfg.state_norm_data_path, "action": cfg.action_norm_data_path}
 
-    def norm_samples(self, raw: Any, n: int, seed: int) -> dict[str, np.ndarray]:
-        if isinstance(raw, StreamedShard):
-            cands = raw.features["possible_actions"]
-            return {
-                "state": sample_nan_rows(raw.features["state"], n, seed),
-                "action": sample_nan_rows(cands.reshape(-1, cands.shape[-1]), n, seed + 1),
-            }
+    def norm_samples(self, shard: IngestedShard, n: int, seed: int) -> dict[str, np.ndarray]:
+        cands = torch.from_numpy(shard.features["possible_actions"])
         return {
-            "state": sample_rows(raw.state, raw.state_presence, n, seed),
-            "action": sample_rows(raw.possible_actions, raw.possible_actions_presence, n, seed + 1),
+            "state": sample_nan_rows(torch.from_numpy(shard.features["state"]), n, seed),
+            "action": sample_nan_rows(cands.reshape(-1, cands.shape[-1]), n, seed + 1),
         }
 
-    def training_tensors(self, raw: Any, pre: dict[str, Preprocessor]) -> TensorDict:
-        s, a = pre["state"], pre["action"]
-        if isinstance(raw, StreamedShard):
-            # Normalized in place (rows of [N, K, G] candidates as [N·K, G]): the raw values
-            # are not needed after this.
-            data = {**raw.features, **raw.other}
-            for name, v in raw.features.items():
-                p = s if name in ("state", "next_state") else a
-                data[name] = p.normalize_rows(v.reshape(-1, v.shape[-1])).reshape(
-                    *v.shape[:-1], p.out_dim
-                )
-            raw.features = {}
-            return TensorDict({k: data[k] for k in PARAMETRIC_FIELDS})
-        return TensorDict(
-            {
-                "state": normalize_chunked(s, raw.state, raw.state_presence),
-                "next_state": normalize_chunked(s, raw.next_state, raw.next_state_presence),
-                "action": normalize_chunked(a, raw.action, raw.action_presence),
-                "next_action": normalize_chunked(a, raw.next_action, raw.next_action_presence),
-                "possible_actions": normalize_chunked(
-                    a, raw.possible_actions, raw.possible_actions_presence
-                ),
-                "possible_actions_mask": raw.possible_actions_mask,
-                "possible_next_actions": normalize_chunked(
-                    a, raw.possible_next_actions, raw.possible_next_actions_presence
-                ),
-                "possible_next_actions_mask": raw.possible_next_actions_mask,
-                "action_index": raw.action_index,
-                "reward": raw.reward,
-                "terminal": raw.terminal,
-                "time_diff": raw.time_diff,
-                "propensity": raw.propensity,
-                "mdp_id": raw.mdp_id,
-                "sequence_number": raw.sequence_number,
-            }
-        )
+    def training_tensors(self, shard: IngestedShard, pre: dict[str, Preprocessor]) -> TensorDict:
+        # Normalized in place (rows of [N, K, G] candidates as [N·K, G]): the raw values are
+        # not needed after this.
+        data = {k: torch.from_numpy(v) for k, v in {**shard.features, **shard.fields}.items()}
+        for name in shard.features:
+            p = pre["state"] if name in ("state", "next_state") else pre["action"]
+            v = data[name]
+            data[name] = p.normalize_rows(v.reshape(-1, v.shape[-1])).reshape(
+                *v.shape[:-1], p.out_dim
+            )
+        shard.features = {}
+        return TensorDict({k: data[k] for k in PARAMETRIC_FIELDS})
 
     # ------------------------------------------------------------- networks
     def build_q_network(self, cfg: _Cfg, dims: dict[str, int], space: FeatureSpace) -> nn.Module:

@@ -33,7 +33,7 @@ from reagent_lite.training import checkpoint as ckpt
 from reagent_lite.training.graphs import ddp_construction, plain_lr
 from reagent_lite.training.host_memory import keep_freed_memory
 from reagent_lite.training.metrics import MetricsWriter
-from reagent_lite.training.shard import load_training_shard, read_validated
+from reagent_lite.training.shard import load_training_shard
 from reagent_lite.training.steps import StepRunner
 from reagent_lite.training.verify import (
     check_replicas,
@@ -127,12 +127,12 @@ class Workflow:
         if self.resume:
             self._restore()
 
-    def load_training_data(self, *, streaming: bool = True) -> None:
+    def load_training_data(self) -> None:
         """Reads, validates, tensorizes and normalizes this rank's training shard on the CPU
         into `space`, `norm`, `pre` and `train_data` (and `disk` under `stream_from_disk`);
         `ingest_timings` says where the time went (seconds). `benchmarks/bench_ingest.py`
-        measures this very method (`streaming=False`: the whole-table path)."""
-        shard = load_training_shard(self.kind, self.cfg, self.ctx, streaming=streaming)
+        measures this very method."""
+        shard = load_training_shard(self.kind, self.cfg, self.ctx)
         self.space, self.norm, self.pre = shard.space, shard.norm, shard.pre
         self.train_data, self.ingest_timings = shard.train_data, shard.timings
         self.emulated_shards, self.disk = shard.emulated_shards, shard.disk
@@ -141,8 +141,8 @@ class Workflow:
         path = self.cfg.eval_data_path
         if not path:
             return None
-        table = read_validated(self.kind, self.cfg, path, 0, 1)
-        raw = self.kind.tensorize(table, self.space, self.cfg, str(path))
+        # The training run's feature space and normalization, through the same ingest.
+        raw = self.kind.load_table(self.cfg, self.space, path)
         return self.kind.training_tensors(raw, self.pre).to(self.device)
 
     def _warm_start(self) -> None:

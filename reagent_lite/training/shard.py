@@ -1,12 +1,9 @@
 """A rank's training shard, loaded: read, validated, tensorized, normalized (on the CPU).
 
-Three ways in, one result (`LoadedShard`):
-* streaming ingest (the default, `kind.load_shard`): row group by row group into
-  preallocated arrays (`data/ingest.py`, `data/ingest_parametric.py`);
+Two ways in, one result (`LoadedShard`), both through the ingest engine (`data/ingest.py`):
+* resident (`kind.load_shard`): row group by row group into preallocated arrays;
 * `stream_from_disk`: only a normalization sample is read here, and a `DiskShardStream`
-  reads the shard window by window while training;
-* the whole-table path (`streaming=False`): read, validate and tensorize the whole shard —
-  what `benchmarks/bench_ingest.py --compare` measures the streaming ingest against.
+  reads the shard window by window while training.
 
 Normalization is loaded from the configured files or fitted by rank 0 from every rank's
 sample and broadcast, so all ranks hold bit-identical parameters whatever their shards.
@@ -20,13 +17,11 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import pyarrow as pa
 
 from reagent_lite.config import BaseWorkflowConfig
 from reagent_lite.data.disk_stream import DiskShardStream
-from reagent_lite.data.readers import read_shard
+from reagent_lite.data.shard_builder import IngestedShard
 from reagent_lite.data.tensordict import TensorDict
-from reagent_lite.data.validate import validate
 from reagent_lite.distributed.context import DistContext
 from reagent_lite.errors import ConfigError
 from reagent_lite.kinds import FeatureSpace, Kind
@@ -49,24 +44,7 @@ class LoadedShard:
     emulated_shards: list[int] | None = None
 
 
-def read_validated(
-    kind: Kind[Any], cfg: BaseWorkflowConfig, path: str, rank: int, world: int
-) -> pa.Table:
-    """Shard `rank` of `world` of the table at `path`, validated (whole-table path)."""
-    table = read_shard(path, rank, world)
-    table, _report = validate(
-        table,
-        kind.name,  # type: ignore[arg-type]
-        actions=kind.action_names(cfg),
-        source=str(path),
-        drop_bad_rows=cfg.drop_bad_rows,
-    )
-    return table
-
-
-def load_training_shard(
-    kind: Kind[Any], cfg: BaseWorkflowConfig, ctx: DistContext, *, streaming: bool = True
-) -> LoadedShard:
+def load_training_shard(kind: Kind[Any], cfg: BaseWorkflowConfig, ctx: DistContext) -> LoadedShard:
     """This rank's training shard, normalized (see the module notes)."""
     clock = time.perf_counter
     t0 = clock()
@@ -77,19 +55,14 @@ def load_training_shard(
         # Only a sample is read here; training reads the shard window by window.
         space, raw, units = kind.open_disk_sample(ctx, cfg, cfg.training_data_path)
         timings = {"sample": clock() - t0}
-    elif streaming:
+    else:
+        # Emulating W ranks: their W shards end to end, in rank order.
         world = emulated_world_size(ctx.world_size)
         parts = [(r, world) for r in range(world)] if world else [(ctx.rank, ctx.world_size)]
-        space, raw, timings = kind.load_shard(ctx, cfg, cfg.training_data_path, parts)
+        space, raw = kind.load_shard(ctx, cfg, cfg.training_data_path, parts)
+        timings = dict(raw.timings)
         if world is not None:
             emulated = raw.rows_per_part
-    else:
-        table, emulated = _read_training_table(kind, cfg, ctx)
-        t = clock()
-        space = kind.feature_space(ctx, table, cfg)
-        raw = kind.tensorize(table, space, cfg, str(cfg.training_data_path))
-        del table
-        timings = {"read+validate": t - t0, "tensorize": clock() - t}
     t1 = clock()
     norm = _normalization(kind, cfg, ctx, space, raw)
     pre = {name: Preprocessor(space.ids(name), params) for name, params in norm.items()}
@@ -102,21 +75,12 @@ def load_training_shard(
     return LoadedShard(space, norm, pre, train_data, timings, disk, emulated)
 
 
-def _read_training_table(
-    kind: Kind[Any], cfg: BaseWorkflowConfig, ctx: DistContext
-) -> tuple[pa.Table, list[int] | None]:
-    """This rank's shard; when emulating W ranks, their W shards end to end in rank order
-    (with the row count of each)."""
-    path = cfg.training_data_path
-    world = emulated_world_size(ctx.world_size)
-    if world is None:
-        return read_validated(kind, cfg, path, ctx.rank, ctx.world_size), None
-    tables = [read_validated(kind, cfg, path, r, world) for r in range(world)]
-    return pa.concat_tables(tables), [t.num_rows for t in tables]
-
-
 def _normalization(
-    kind: Kind[Any], cfg: BaseWorkflowConfig, ctx: DistContext, space: FeatureSpace, raw: Any
+    kind: Kind[Any],
+    cfg: BaseWorkflowConfig,
+    ctx: DistContext,
+    space: FeatureSpace,
+    raw: IngestedShard,
 ) -> dict[str, dict[str, NormalizationParameters]]:
     """Loads the configured normalization, or fits it from a sample of every shard."""
     given = kind.norm_files(cfg)

@@ -1,4 +1,5 @@
-"""Disk streaming (`data/disk_stream.py`): windows of row groups, every row once per pass."""
+"""Disk streaming (`data/disk_stream.py`, `data/windows.py`): windows of row groups, every
+row once per pass."""
 
 from __future__ import annotations
 
@@ -13,20 +14,47 @@ import pytest
 import torch
 from torch import Tensor
 
-from reagent_lite.data.disk_stream import DiskShardStream, load_window, scan_state_ids, stream_units
-from reagent_lite.data.ingest import ingest_discrete
+from reagent_lite.data.disk_stream import DiskShardStream
 from reagent_lite.data.readers import ShardPiece, read_table
+from reagent_lite.data.schema import STATE_COLUMNS
+from reagent_lite.data.windows import in_order, load_units, scan_units, stream_units
 from reagent_lite.errors import DataError
-from tests.data.test_ingest import ACTIONS, rows, write
+from tests.data.oracle import dqn_layout, parametric_layout
+from tests.data.test_ingest import ingest_dqn, rows, write
 
 IDS = ["0", "1", "2", "3", "7"]  # the state and next_state ids of `rows`
 
 
+def load_window(
+    units: Sequence[ShardPiece],
+    ids: Sequence[str] = IDS,
+    *,
+    drop: bool = False,
+    time_diff: bool = False,
+    threads: int | None = None,
+) -> Any:
+    """A dqn window of `units` in the space of state ids `ids`, as the dqn kind loads it."""
+    return load_units(units, dqn_layout(ids, drop=drop, time_diff=time_diff), threads=threads)
+
+
+def load_parametric_window(
+    units: Sequence[ShardPiece],
+    state_ids: Sequence[str],
+    action_ids: Sequence[str],
+    k: int,
+    *,
+    drop: bool = False,
+    time_diff: bool = False,
+    threads: int | None = None,
+) -> Any:
+    """A parametric window of `units` in the space of those ids and `k` candidate slots."""
+    layout = parametric_layout(state_ids, action_ids, k, drop=drop, time_diff=time_diff)
+    return load_units(units, layout, threads=threads)
+
+
 def _stream(path: Path, rank: int, world: int, window: int, seed: int = 3) -> DiskShardStream:
     def load(units: Sequence[ShardPiece]) -> dict[str, Tensor]:
-        shard = load_window(
-            units, ACTIONS, IDS, use_seq_num_diff_as_time_diff=False, drop_bad_rows=False
-        )
+        shard = load_window(units)
         return {"reward": torch.from_numpy(shard.fields["reward"])}
 
     units = stream_units(str(path), rank, world)
@@ -95,7 +123,8 @@ def test_directory_of_parts_sharded_by_rank(tmp_path: Path) -> None:
 
 def test_scan_finds_ids_of_late_row_groups_only_from_keys(tmp_path: Path) -> None:
     path = write(tmp_path / "t.parquet", rows(300, late_feature_at=250), 64)
-    assert scan_state_ids(stream_units(str(path), 0, 1)) == {"0", "1", "2", "3", "11"}
+    ids, _ = scan_units(stream_units(str(path), 0, 1), {"state": STATE_COLUMNS})
+    assert ids == {"state": {"0", "1", "2", "3", "11"}}
 
 
 def test_bad_rows_in_a_window_name_file_and_column(tmp_path: Path) -> None:
@@ -104,7 +133,7 @@ def test_bad_rows_in_a_window_name_file_and_column(tmp_path: Path) -> None:
     path = write(tmp_path / "t.parquet", data, 20)
     units = stream_units(str(path), 0, 1)
     with pytest.raises(DataError, match="action"):
-        load_window(units, ACTIONS, IDS, use_seq_num_diff_as_time_diff=False, drop_bad_rows=False)
+        load_window(units)
 
 
 def test_json_lines_refused(tmp_path: Path) -> None:
@@ -128,7 +157,7 @@ def test_bad_row_in_a_later_file_of_the_window_names_that_file(tmp_path: Path) -
     units = stream_units(str(parts), 0, 1)
     assert units[0].file.name == "part-00000.parquet"
     with pytest.raises(DataError) as err:
-        load_window(units, ACTIONS, IDS, use_seq_num_diff_as_time_diff=False, drop_bad_rows=False)
+        load_window(units)
     message = str(err.value)
     assert "part-00001.parquet" in message and "part-00000" not in message, message
     assert "row group 1" in message and "row 10" in message, message
@@ -138,9 +167,8 @@ def test_bad_row_in_a_later_file_of_the_window_names_that_file(tmp_path: Path) -
 
 
 def test_parametric_scan_finds_what_the_whole_table_holds(tmp_path: Path) -> None:
-    from reagent_lite.data.disk_stream import scan_units
-    from reagent_lite.data.ingest_parametric import CANDIDATE_COLUMNS
-    from reagent_lite.data.tensorize import STATE_COLUMNS, collect_feature_ids, max_candidates_in
+    from reagent_lite.data.parametric_shard import CANDIDATE_COLUMNS
+    from tests.data.test_ingest import map_keys
     from tests.data.test_ingest_parametric import parametric_rows, write_parametric
 
     data = parametric_rows(200, late_feature_at=190, long_lists_at=180)
@@ -149,28 +177,27 @@ def test_parametric_scan_finds_what_the_whole_table_holds(tmp_path: Path) -> Non
     ids, longest = scan_units(
         units, {"state": STATE_COLUMNS, "action": ("action",)}, CANDIDATE_COLUMNS
     )
-    table = read_table(path)
-    assert ids["state"] == set(collect_feature_ids(table, "state_features"))
+    assert ids["state"] == {k for r in data for k in map_keys(r["state_features"])}
     assert "11" in ids["state"]
-    assert ids["action"] == set(collect_feature_ids(table, "action"))
-    assert longest == max_candidates_in(table) == 6
+    assert ids["action"] == {k for r in data for k in map_keys(r["action"])}
+    lists = [r[c] for r in data for c in CANDIDATE_COLUMNS]
+    assert longest == max(len(x) for x in lists) == 6
     assert scan_units(units[:1], {"action": ("action",)}, CANDIDATE_COLUMNS)[1] == 3
 
 
 def test_parametric_window_equals_the_streaming_ingest(tmp_path: Path) -> None:
-    from reagent_lite.data.disk_stream import load_parametric_window
-    from reagent_lite.data.ingest_parametric import ingest_parametric
-    from tests.data.test_ingest_parametric import parametric_rows, write_parametric
+    from tests.data.test_ingest_parametric import (
+        ingest_parametric,
+        parametric_rows,
+        write_parametric,
+    )
 
     path = write_parametric(tmp_path / "t.parquet", parametric_rows(160, long_lists_at=100), 20)
     whole = ingest_parametric(path, [(0, 1)])
     state_ids, action_ids = sorted(whole.state_ids, key=int), sorted(whole.action_ids, key=int)
     whole.conform(state_ids, action_ids, 7)
     units = stream_units(str(path), 0, 1)
-    window = load_parametric_window(
-        units[::-1], state_ids, action_ids, 7, use_seq_num_diff_as_time_diff=False,
-        drop_bad_rows=False,
-    )  # fmt: skip
+    window = load_parametric_window(units[::-1], state_ids, action_ids, 7)
     # The window holds the units back to front: compare row groups of 20 rows.
     order = np.concatenate([np.arange(s, s + 20) for s in range(len(units) * 20 - 20, -1, -20)])
     for name, arr in whole.features.items():
@@ -178,24 +205,19 @@ def test_parametric_window_equals_the_streaming_ingest(tmp_path: Path) -> None:
     for name in ("possible_actions_mask", "possible_next_actions_mask", "action_index", "reward"):
         np.testing.assert_array_equal(window.fields[name], whole.fields[name][order], err_msg=name)
     with pytest.raises(DataError, match="more than max_candidates=5"):
-        load_parametric_window(
-            units, state_ids, action_ids, 5, use_seq_num_diff_as_time_diff=False,
-            drop_bad_rows=False,
-        )  # fmt: skip
+        load_parametric_window(units, state_ids, action_ids, 5)
 
 
 def test_parametric_bad_value_in_a_late_row_group_names_it(tmp_path: Path) -> None:
-    from reagent_lite.data.disk_stream import load_parametric_window
     from tests.data.test_ingest_parametric import parametric_rows, write_parametric
 
     data = parametric_rows(100)
     data[93]["possible_next_actions"][0]["102"] = float("nan")
     path = write_parametric(tmp_path / "t.parquet", data, 20)
     units = stream_units(str(path), 0, 1)
-    kw = {"use_seq_num_diff_as_time_diff": False, "drop_bad_rows": False}
-    load_parametric_window(units[:4], ["0"], ["100"], 3, **kw)  # the good row groups load
+    load_parametric_window(units[:4], ["0"], ["100"], 3)  # the good row groups load
     with pytest.raises(DataError) as err:
-        load_parametric_window(units, ["0"], ["100"], 3, **kw)
+        load_parametric_window(units, ["0"], ["100"], 3)
     message = str(err.value)
     assert "column 'possible_next_actions'" in message and "row group 4" in message, message
     assert "row 13" in message, message
@@ -247,23 +269,15 @@ def test_parallel_window_equals_one_builder_over_its_units(
     path = write(tmp_path / "t.parquet", data, 20)
     units = stream_units(str(path), 0, 1)
     window = [units[i] for i in (7, 1, 11, 4, 0, 9, 2, 5, 10, 3, 8, 6)]
-    want = ingest_discrete(
-        _in_window_order(path, window, tmp_path / "w.parquet"), [(0, 1)], ACTIONS,
-        use_seq_num_diff_as_time_diff=True, drop_bad_rows=drop,
-    )  # fmt: skip
+    one_file = _in_window_order(path, window, tmp_path / "w.parquet")
+    want = ingest_dqn(one_file, [(0, 1)], time_diff=True, drop=drop)
     want.reorder(ids)
     for threads in (1, 2, 5):
-        got = load_window(
-            window, ACTIONS, ids, use_seq_num_diff_as_time_diff=True, drop_bad_rows=drop,
-            threads=threads,
-        )  # fmt: skip
+        got = load_window(window, ids, time_diff=True, drop=drop, threads=threads)
         _assert_same_shard(got, want)
         assert got.report.source == str(path)
     if drop:  # a window of only bad rows is empty
-        empty = load_window(
-            [units[4], units[4]], ACTIONS, ids, use_seq_num_diff_as_time_diff=True,
-            drop_bad_rows=True, threads=2,
-        )  # fmt: skip
+        empty = load_window([units[4], units[4]], ids, time_diff=True, drop=True, threads=2)
         assert len(empty) == 0 and empty.report.rows_in == 40 and empty.episodes == []
 
 
@@ -275,12 +289,11 @@ def test_bad_rows_in_two_row_groups_name_the_earlier_in_the_window(
     _bad_rows(data, 20, [3, 8])
     path = write(tmp_path / "t.parquet", data, 20)
     units = stream_units(str(path), 0, 1)
-    kw: dict[str, Any] = {"use_seq_num_diff_as_time_diff": False, "drop_bad_rows": False}
     for window, first in ((units, 3), (units[::-1], 8)):
         with pytest.raises(DataError) as alone:
-            load_window([units[first]], ACTIONS, IDS, **kw)
+            load_window([units[first]])
         with pytest.raises(DataError) as err:
-            load_window(window, ACTIONS, IDS, **kw, threads=threads)
+            load_window(window, threads=threads)
         assert str(err.value) == str(alone.value)
         assert f"row group {first})" in str(err.value) and "row 2" in str(err.value)
 
@@ -288,8 +301,6 @@ def test_bad_rows_in_two_row_groups_name_the_earlier_in_the_window(
 def test_in_order_raises_the_first_failing_call() -> None:
     import threading
     import time
-
-    from reagent_lite.data.disk_stream import _in_order
 
     started: list[int] = []
     lock = threading.Lock()
@@ -304,9 +315,9 @@ def test_in_order_raises_the_first_failing_call() -> None:
             raise KeyError("call 3")
         return i * i
 
-    assert _in_order(lambda i: i * i, 5, 3) == [0, 1, 4, 9, 16]
+    assert in_order(lambda i: i * i, 5, 3) == [0, 1, 4, 9, 16]
     with pytest.raises(ValueError, match="call 1"):
-        _in_order(fn, 40, 4)
+        in_order(fn, 40, 4)
     assert len(started) < 40  # the calls still queued were cancelled
 
 
@@ -315,9 +326,11 @@ def test_in_order_raises_the_first_failing_call() -> None:
 def test_parallel_parametric_window_equals_one_builder_over_its_units(
     tmp_path: Path, action_ids: list[str], drop: bool
 ) -> None:
-    from reagent_lite.data.disk_stream import load_parametric_window
-    from reagent_lite.data.ingest_parametric import ingest_parametric
-    from tests.data.test_ingest_parametric import parametric_rows, write_parametric
+    from tests.data.test_ingest_parametric import (
+        ingest_parametric,
+        parametric_rows,
+        write_parametric,
+    )
 
     data = parametric_rows(170, late_feature_at=120, long_lists_at=100)
     if drop:
@@ -327,16 +340,11 @@ def test_parallel_parametric_window_equals_one_builder_over_its_units(
     units = stream_units(str(path), 0, 1)
     window = [units[i] for i in (4, 8, 0, 6, 2, 7, 1, 5, 3)]
     state_ids = ["0", "1", "2", "3", "11"]
-    want = ingest_parametric(
-        _in_window_order(path, window, tmp_path / "w.parquet"), [(0, 1)], max_candidates=7,
-        drop_bad_rows=drop,
-    )  # fmt: skip
+    one_file = _in_window_order(path, window, tmp_path / "w.parquet")
+    want = ingest_parametric(one_file, [(0, 1)], max_candidates=7, drop=drop)
     want.conform(state_ids, action_ids, 7)
     for threads in (1, 4):
-        got = load_parametric_window(
-            window, state_ids, action_ids, 7, use_seq_num_diff_as_time_diff=False,
-            drop_bad_rows=drop, threads=threads,
-        )  # fmt: skip
+        got = load_parametric_window(window, state_ids, action_ids, 7, drop=drop, threads=threads)
         _assert_same_shard(got, want)
         assert got.action_ids == want.action_ids
         if drop:
@@ -347,7 +355,6 @@ def test_parallel_parametric_window_equals_one_builder_over_its_units(
 def test_parametric_bad_rows_in_two_row_groups_name_the_earlier(
     tmp_path: Path, threads: int
 ) -> None:
-    from reagent_lite.data.disk_stream import load_parametric_window
     from tests.data.test_ingest_parametric import parametric_rows, write_parametric
 
     data = parametric_rows(120)
@@ -355,8 +362,7 @@ def test_parametric_bad_rows_in_two_row_groups_name_the_earlier(
     data[103]["reward"] = float("inf")  # row group 5, row 3
     path = write_parametric(tmp_path / "t.parquet", data, 20)
     units = stream_units(str(path), 0, 1)
-    kw: dict[str, Any] = {"use_seq_num_diff_as_time_diff": False, "drop_bad_rows": False}
     for window, want in ((units, "row group 2)"), (units[::-1], "row group 5)")):
         with pytest.raises(DataError) as err:
-            load_parametric_window(window, ["0"], ["100"], 3, **kw, threads=threads)
+            load_parametric_window(window, ["0"], ["100"], 3, threads=threads)
         assert want in str(err.value), str(err.value)

@@ -1,7 +1,9 @@
-"""Streaming ingest (`data/ingest.py`) equals reading, validating and tensorizing whole."""
+"""The ingest engine (`data/ingest.py`) on dqn tables: each rank's rows, validated and
+tensorized batch by batch, hold what the rows say (`tests/data/oracle.py`)."""
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any
 
@@ -10,12 +12,13 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from reagent_lite.data.ingest import ingest_discrete, shard_batches
+from reagent_lite.data.discrete_shard import DiscreteShard
+from reagent_lite.data.ingest import ingest, shard_batches
 from reagent_lite.data.readers import read_shard
-from reagent_lite.data.tensorize import tensorize_discrete
-from reagent_lite.data.validate import ShardValidation, validate
+from reagent_lite.data.validate import ShardValidation
 from reagent_lite.errors import DataError
-from tests.data.test_validate import ACTIONS, DQN_SCHEMA
+from tests.data.oracle import assert_shard, dqn_layout, expected_dqn
+from tests.data.test_validate import ACTIONS, DQN_SCHEMA, SCHEMAS
 
 INT_MDP_SCHEMA = DQN_SCHEMA.set(0, pa.field("mdp_id", pa.int64()))
 
@@ -56,41 +59,53 @@ def write(path: Path, data: list[dict[str, Any]], row_group: int) -> Path:
     return path
 
 
-def whole(path: Path, rank: int, world: int, ids: list[str], **kw: Any) -> Any:
-    table, report = validate(
-        read_shard(path, rank, world), "dqn", actions=ACTIONS, source="x", **kw
-    )
-    return tensorize_discrete(table, ids, ACTIONS, use_seq_num_diff_as_time_diff=True), report
+def ingest_dqn(path: Path, parts: list[tuple[int, int]], **kw: Any) -> DiscreteShard:
+    """The shard(s) of dqn rows, as the dqn kind ingests them before the space is agreed."""
+    opts = {k: kw.pop(k) for k in ("drop", "time_diff") if k in kw}
+    return ingest(path, parts, dqn_layout(**opts), **kw)
 
 
-def assert_same(path: Path, rank: int, world: int, **kw: Any) -> None:
-    shard = ingest_discrete(
-        path, [(rank, world)], ACTIONS, use_seq_num_diff_as_time_diff=True, slice_rows=7, **kw
+def map_keys(value: Any) -> list[str]:
+    """The keys of a map as `rows` writes it (a dict) or the reader gives it back (pairs)."""
+    pairs = (value.items() if isinstance(value, dict) else value) if value else []
+    return [str(k) for k, _ in pairs]
+
+
+def good(row: dict[str, Any]) -> bool:
+    """Whether a row of `rows` passes validation (the bad rows the tests make)."""
+    keys = map_keys(row.get("state_features"))
+    return (
+        math.isfinite(row["reward"])
+        and row["action"] in ACTIONS
+        and 0 < row["action_probability"] <= 1
+        and all(k.isdigit() for k in keys)
     )
-    ids = sorted(shard.state_ids, key=int)
+
+
+def state_ids(data: list[dict[str, Any]]) -> list[str]:
+    """The ids of the rows' state maps, in numeric order."""
+    found = {k for r in data for k in map_keys(r.get("state_features"))}
+    return sorted(found, key=int)
+
+
+def assert_same(path: Path, rank: int, world: int, *, drop: bool = False, **kw: Any) -> None:
+    """Rank `rank`'s ingested shard holds what its rows (as the reader gives them) say."""
+    shard = ingest_dqn(path, [(rank, world)], drop=drop, time_diff=True, slice_rows=7, **kw)
+    every = read_shard(path, rank, world).to_pylist()
+    want = [r for r in every if good(r)] if drop else every
+    ids = state_ids(want)
+    if "state" in read_shard(path, rank, world).column_names:  # dense lists
+        ids = [str(i) for i in range(len(want[0]["state"]))]
+    assert sorted(shard.state_ids, key=int) == ids
     shard.reorder(ids)
-    kw.pop("prefetch", None)
-    raw, report = whole(path, rank, world, ids, **kw)
-    assert_equals_raw({"state": shard.state, "next_state": shard.next_state}, shard.fields, raw)
-    assert shard.report.rows_out == report.rows_out and shard.report.rows_in == report.rows_in
-
-
-def assert_equals_raw(
-    features: dict[str, np.ndarray], fields: dict[str, np.ndarray], raw: Any
-) -> None:
-    """NaN-coded `features` hold raw's values where present; `fields` equal raw's."""
-    for name, got in features.items():
-        values = getattr(raw, name).numpy()
-        presence = getattr(raw, f"{name}_presence").numpy()
-        np.testing.assert_array_equal(got, np.where(presence > 0, values, np.nan), err_msg=name)
-    for name, arr in fields.items():
-        np.testing.assert_array_equal(arr, getattr(raw, name).numpy(), err_msg=name)
+    assert_shard(shard, expected_dqn(want, ids, time_diff=True))
+    assert (shard.report.rows_in, shard.report.rows_out) == (len(every), len(want))
 
 
 @pytest.mark.parametrize("world", [1, 2, 3])
 @pytest.mark.parametrize("row_group", [10, 1000])
 @pytest.mark.parametrize("prefetch", [False, True])
-def test_ingest_equals_whole_table_path(
+def test_each_rank_ingests_its_rows(
     tmp_path: Path, world: int, row_group: int, prefetch: bool
 ) -> None:
     path = write(tmp_path / "t.parquet", rows(95, late_feature_at=60), row_group)
@@ -105,9 +120,21 @@ def test_ingest_of_part_files_and_late_features(tmp_path: Path) -> None:
         write(d / f"part-{k:05d}.parquet", rows(40, seed=k, late_feature_at=30 if k else None), 16)
     assert_same(d, 0, 1)
     assert_same(d, 1, 2)
-    shard = ingest_discrete(d, [(0, 1)], ACTIONS)
+    shard = ingest_dqn(d, [(0, 1)])
     assert "11" in shard.state_ids and "7" not in shard.state_ids
     assert "7" in shard.columns.ids  # next_state-only ids are kept until reorder drops them
+
+
+def test_parts_laid_end_to_end(tmp_path: Path) -> None:
+    """Several (rank, world) parts (an emulated world size): their rows in part order."""
+    path = write(tmp_path / "t.parquet", rows(95, late_feature_at=60), 10)
+    shard = ingest_dqn(path, [(r, 3) for r in range(3)], time_diff=True)
+    parts = [read_shard(path, r, 3).to_pylist() for r in range(3)]
+    assert shard.rows_per_part == [len(p) for p in parts]
+    ids = state_ids(rows(95, late_feature_at=60))
+    shard.reorder(ids)
+    assert_shard(shard, expected_dqn([r for p in parts for r in p], ids, time_diff=True))
+    assert set(shard.timings) == {"read", "validate", "tensorize"}
 
 
 def test_batches_concatenate_to_the_shard(tmp_path: Path) -> None:
@@ -132,34 +159,43 @@ def test_jsonl_shard(tmp_path: Path) -> None:
     assert_same(path, 1, 2)
 
 
-def test_validation_in_batches_matches_whole(tmp_path: Path) -> None:
+def test_validation_in_batches_matches_validating_at_once(tmp_path: Path) -> None:
     data = rows(60)
     for i in (3, 25, 41):
         data[i]["reward"] = float("nan")
     data[33]["action"] = "jump"
     data[50]["state_features"] = {"x": 1.0}
     path = write(tmp_path / "t.parquet", data, 10)
+    at_once = ShardValidation(SCHEMAS["dqn"], source=str(path))
+    at_once.check(read_shard(path, 0, 1))
     with pytest.raises(DataError) as whole_err:
-        validate(read_shard(path, 0, 1), "dqn", actions=ACTIONS, source=str(path))
+        at_once.finish()
     with pytest.raises(DataError) as stream_err:
-        ingest_discrete(path, [(0, 1)], ACTIONS)
+        ingest_dqn(path, [(0, 1)])
     assert sorted(str(stream_err.value).splitlines()) == sorted(str(whole_err.value).splitlines())
     assert "3 bad rows" in str(stream_err.value) and "row 3:" in str(stream_err.value)
-    # Dropping: the same rows go, the same report.
-    assert_same(path, 0, 1, drop_bad_rows=True)
+    # Dropping: the bad rows go, counted.
+    assert_same(path, 0, 1, drop=True)
+    report = ingest_dqn(path, [(0, 1)], drop=True, slice_rows=7).report
+    assert report.rows_dropped == 5
+    assert {(p.column, p.count) for p in report.dropped} == {
+        ("reward", 3),
+        ("action", 1),
+        ("state_features", 1),
+    }
 
 
 def test_empty_shard_and_all_bad(tmp_path: Path) -> None:
     path = write(tmp_path / "t.parquet", rows(2), 10)
     with pytest.raises(DataError, match="no rows"):
-        ingest_discrete(path, [(0, 3)], ACTIONS)  # rows [0, 0) of 2
+        ingest_dqn(path, [(0, 3)])  # rows [0, 0) of 2
     # A file of no rows (its one row group empty) and a JSONL file of none: the same error.
     empty = write(tmp_path / "empty.parquet", [], 10)
     (tmp_path / "empty.jsonl").write_text("")
     for file in (empty, tmp_path / "empty.jsonl"):
         with pytest.raises(DataError, match="no rows"):
-            ingest_discrete(file, [(0, 1)], ACTIONS)
-    v = ShardValidation("dqn", actions=ACTIONS, source="s", drop_bad_rows=True)
+            ingest_dqn(file, [(0, 1)])
+    v = ShardValidation(SCHEMAS["dqn"], source="s", drop_bad_rows=True)
     bad = read_shard(path, 0, 1).set_column(4, "reward", pa.array([float("nan")] * 2))
     assert v.check(bad).num_rows == 0
     with pytest.raises(DataError, match="every row is bad"):
@@ -176,25 +212,25 @@ def test_dense_list_features(tmp_path: Path) -> None:
     path = tmp_path / "dense.parquet"
     pq.write_table(pa.Table.from_pylist(data), path, row_group_size=8)
     assert_same(path, 0, 1)
-    assert ingest_discrete(path, [(0, 1)], ACTIONS).state_ids == {"0", "1", "2"}
+    assert ingest_dqn(path, [(0, 1)]).state_ids == {"0", "1", "2"}
 
 
 def test_big_slices_scatter_in_two_threads(tmp_path: Path) -> None:
-    path = write(tmp_path / "big.parquet", rows(40_000, late_feature_at=39_000), 20_000)
-    shard = ingest_discrete(path, [(0, 1)], ACTIONS, use_seq_num_diff_as_time_diff=True)
+    data = rows(40_000, late_feature_at=39_000)
+    path = write(tmp_path / "big.parquet", data, 20_000)
+    shard = ingest_dqn(path, [(0, 1)], time_diff=True)
     ids = sorted(shard.state_ids, key=int)
     shard.reorder(ids)
-    raw, _ = whole(path, 0, 1, ids)
+    want = expected_dqn(data, ids, time_diff=True)
     for name in ("state", "next_state"):
-        presence = getattr(raw, f"{name}_presence").numpy()
-        expected = np.where(presence > 0, getattr(raw, name).numpy(), np.nan)
-        np.testing.assert_array_equal(getattr(shard, name), expected)
+        np.testing.assert_array_equal(shard.features[name], want[name])
 
 
 @pytest.mark.parametrize("size", [3, 300])  # Python lookup of small dictionaries, kernels else
 def test_dictionary_lookups_equal_plain_strings(size: int) -> None:
-    from reagent_lite.data.tensorize import _key_columns, string_index
-    from reagent_lite.data.validate import _bad_key_entries
+    from reagent_lite.data.arrow import string_index
+    from reagent_lite.data.checks import bad_key_entries
+    from reagent_lite.data.scatter import key_columns
 
     rng = np.random.default_rng(0)
     words = [str(i) for i in range(size - 2)] + ["", "x1"]
@@ -205,10 +241,10 @@ def test_dictionary_lookups_equal_plain_strings(size: int) -> None:
     ids = ["2", "0", "x1"]
     valid = plain.drop_null()
     np.testing.assert_array_equal(
-        _key_columns(valid.dictionary_encode(), ids), _key_columns(valid, ids)
+        key_columns(valid.dictionary_encode(), ids), key_columns(valid, ids)
     )
     np.testing.assert_array_equal(
-        _bad_key_entries(valid.dictionary_encode()), _bad_key_entries(valid)
+        bad_key_entries(valid.dictionary_encode()), bad_key_entries(valid)
     )
 
 
@@ -221,11 +257,11 @@ def test_an_error_in_a_directory_of_part_files_names_the_part(tmp_path: Path) ->
     bad[3]["action_probability"] = -1.0
     write(parts / "part-1.parquet", bad, 10)
     with pytest.raises(DataError) as err:
-        ingest_discrete(parts, [(0, 1)], ACTIONS)
+        ingest_dqn(parts, [(0, 1)])
     msg = str(err.value)
     assert f"{parts}: column 'action_probability': 1 bad row" in msg
     assert f"row 13 of the shard, in {parts / 'part-1.parquet'}" in msg
     # One file: the message as before (the source is the file).
     with pytest.raises(DataError) as one:
-        ingest_discrete(parts / "part-1.parquet", [(0, 1)], ACTIONS)
+        ingest_dqn(parts / "part-1.parquet", [(0, 1)])
     assert "(e.g. row 3: -1.0)" in str(one.value)

@@ -1,7 +1,9 @@
-"""Streaming parametric ingest (`data/ingest_parametric.py`) equals the whole-table path."""
+"""The ingest engine on parametric tables (`data/parametric_shard.py`): each rank's rows
+hold what the rows say (`tests/data/oracle.py`)."""
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any
 
@@ -10,13 +12,14 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from reagent_lite.data.ingest_parametric import ingest_parametric
+from reagent_lite.data.ingest import ingest
+from reagent_lite.data.parametric_shard import ParametricShard
 from reagent_lite.data.readers import read_shard
-from reagent_lite.data.tensorize import collect_feature_ids, max_candidates_in, tensorize_parametric
-from reagent_lite.data.validate import validate
+from reagent_lite.data.validate import ShardValidation
 from reagent_lite.errors import DataError
-from tests.data.test_ingest import assert_equals_raw
-from tests.data.test_validate import PARAM_SCHEMA
+from tests.data.oracle import assert_shard, expected_parametric, parametric_layout
+from tests.data.test_ingest import good, map_keys
+from tests.data.test_validate import PARAM_SCHEMA, SCHEMAS
 
 SCHEMA = PARAM_SCHEMA.append(pa.field("time_diff", pa.int64()))
 ACTION_FEATURES = ("100", "101", "102")
@@ -77,41 +80,53 @@ def write_parametric(path: Path, data: list[dict[str, Any]], row_group: int) -> 
     return path
 
 
-FEATURES = ("state", "next_state", "action", "next_action")
-CANDIDATES = ("possible_actions", "possible_next_actions")
+def ingest_parametric(
+    path: Path, parts: list[tuple[int, int]], *, max_candidates: int | None = None, **kw: Any
+) -> ParametricShard:
+    """The shard(s), as the parametric kind ingests them before the space is agreed."""
+    opts = {k: kw.pop(k) for k in ("drop", "time_diff") if k in kw}
+    return ingest(path, parts, parametric_layout(max_candidates=max_candidates, **opts), **kw)
+
+
+def _ids(data: list[dict[str, Any]], column: str) -> list[str]:
+    return sorted({k for r in data for k in map_keys(r[column])}, key=int)
+
+
+def _longest(data: list[dict[str, Any]]) -> int:
+    lists = [r[c] or [] for r in data for c in ("possible_actions", "possible_next_actions")]
+    return max(1, *(len(x) for x in lists))
+
+
+def _good(row: dict[str, Any]) -> bool:
+    """Whether a row passes validation (the bad rows the tests make)."""
+    values = [v for c in row["possible_actions"] or [] for _, v in c or []]
+    return good({**row, "action": "left"}) and all(math.isfinite(v) for v in values)
 
 
 def assert_same(
     path: Path, rank: int, world: int, *, max_candidates: int | None = None, **kw: Any
 ) -> None:
+    """Rank `rank`'s shard holds what its rows (as the reader gives them) say."""
     shard = ingest_parametric(
-        path,
-        [(rank, world)],
-        max_candidates=max_candidates,
-        use_seq_num_diff_as_time_diff=True,
-        slice_rows=7,
-        **kw,
+        path, [(rank, world)], max_candidates=max_candidates, time_diff=True, slice_rows=7, **kw
     )
-    kw.pop("prefetch", None)
-    table, report = validate(read_shard(path, rank, world), "parametric_dqn", source="x", **kw)
-    state_ids = collect_feature_ids(table, "state_features")
-    action_ids = collect_feature_ids(table, "action")
-    k = max_candidates or max_candidates_in(table)
+    every = read_shard(path, rank, world).to_pylist()
+    want = [r for r in every if _good(r)] if kw.get("drop") else every
+    state_ids, action_ids = _ids(want, "state_features"), _ids(want, "action")
+    k = max_candidates or _longest(want)
     assert shard.state_ids == set(state_ids) and shard.action_ids == set(action_ids)
     assert shard.max_candidates == k
     shard.conform(state_ids, action_ids, k + 1)  # one more slot than needed: padding
-    raw = tensorize_parametric(table, state_ids, action_ids, k + 1, True)
-    assert list(shard.features) == [*FEATURES, *CANDIDATES]
-    assert set(shard.fields) == {
-        "possible_actions_mask", "possible_next_actions_mask", "action_index", "reward",
-        "terminal", "time_diff", "propensity", "mdp_id", "sequence_number",
-    }  # fmt: skip
-    assert_equals_raw(shard.features, shard.fields, raw)
-    assert shard.report.rows_out == report.rows_out and shard.report.rows_in == report.rows_in
+    assert list(shard.features) == [
+        "state", "next_state", "action", "next_action", "possible_actions",
+        "possible_next_actions",
+    ]  # fmt: skip
+    assert_shard(shard, expected_parametric(want, state_ids, action_ids, k + 1, time_diff=True))
+    assert (shard.report.rows_in, shard.report.rows_out) == (len(every), len(want))
 
 
 @pytest.mark.parametrize(("world", "row_group"), [(1, 10), (2, 10), (3, 10), (1, 1000), (3, 1000)])
-def test_ingest_equals_whole_table_path(tmp_path: Path, world: int, row_group: int) -> None:
+def test_each_rank_ingests_its_rows(tmp_path: Path, world: int, row_group: int) -> None:
     data = parametric_rows(95, late_feature_at=60, long_lists_at=70)
     path = write_parametric(tmp_path / "t.parquet", data, row_group)
     for rank in range(world):
@@ -142,17 +157,19 @@ def test_part_files_fixed_candidates_and_dropped_rows(tmp_path: Path) -> None:
             data[5]["reward"] = float("nan")
             data[17]["possible_actions"][0]["101"] = float("inf")
         write_parametric(d / f"part-{k:05d}.parquet", data, 16)
-    assert_same(d, 0, 1, drop_bad_rows=True, max_candidates=8)
-    assert_same(d, 1, 2, drop_bad_rows=True)
+    assert_same(d, 0, 1, drop=True, max_candidates=8)
+    assert_same(d, 1, 2, drop=True)
 
 
-def test_validation_errors_match_whole(tmp_path: Path) -> None:
+def test_validation_errors_match_validating_at_once(tmp_path: Path) -> None:
     data = parametric_rows(60)
     data[44]["possible_actions"][0]["101"] = float("nan")
     data[51]["action"] = {"x": 1.0}
     path = write_parametric(tmp_path / "t.parquet", data, 10)
+    at_once = ShardValidation(SCHEMAS["parametric_dqn"], source=str(path))
+    at_once.check(read_shard(path, 0, 1))
     with pytest.raises(DataError) as whole_err:
-        validate(read_shard(path, 0, 1), "parametric_dqn", source=str(path))
+        at_once.finish()
     with pytest.raises(DataError) as stream_err:
         ingest_parametric(path, [(0, 1)])
     assert sorted(str(stream_err.value).splitlines()) == sorted(str(whole_err.value).splitlines())

@@ -8,12 +8,13 @@ import json
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
 from reagent_lite.data.readers import list_data_files, read_shard, read_table, shard_plan
-from reagent_lite.data.tensorize import sparse_to_dense
+from reagent_lite.data.scatter import feature_matrix
 from reagent_lite.errors import DataError
 from tests.data.test_validate import dqn_rows, dqn_table
 
@@ -49,8 +50,9 @@ def test_parquet_file(tmp_path: Path) -> None:
     pq.write_table(dqn_table(), path)
     t = read_table(path)
     assert t.num_rows == 6 and "state_features" in t.column_names
-    values, presence = sparse_to_dense(t["state_features"], ["0", "1", "2"])
-    assert presence[0].tolist() == [0, 1, 0] and values[1].tolist() == [1.0, 0.0, 0.5]
+    values = feature_matrix(t["state_features"], ["0", "1", "2"])
+    assert (~np.isnan(values[0])).tolist() == [False, True, False]
+    assert values[1].tolist()[::2] == [1.0, 0.5] and np.isnan(values[1, 1])
 
 
 def test_directory_of_parts_skips_markers(tmp_path: Path) -> None:
@@ -89,8 +91,9 @@ def test_json_lines(tmp_path: Path, name: str) -> None:
     assert t.num_rows == 6
     assert pa.types.is_map(t.schema.field("state_features").type)
     assert t["action"].to_pylist() == [r["action"] for r in rows]
-    values, presence = sparse_to_dense(t["state_features"], ["0", "1", "2"])
-    assert values[3].tolist() == [3.0, 0.0, 0.5] and presence[0].tolist() == [0, 1, 0]
+    values = feature_matrix(t["state_features"], ["0", "1", "2"])
+    np.testing.assert_array_equal(values[3], [3.0, np.nan, 0.5])
+    np.testing.assert_array_equal(values[0], [np.nan, -1.0, np.nan])
 
 
 def test_jsonl_parametric_lists_of_maps(tmp_path: Path) -> None:

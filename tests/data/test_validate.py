@@ -1,4 +1,5 @@
-"""validate(): every bad input gives a DataError naming file, column and bad-row count."""
+"""Validation (`ShardValidation` against the kinds' schemas): every bad input gives a
+DataError naming file, column and bad-row count."""
 
 from __future__ import annotations
 
@@ -9,9 +10,13 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from reagent_lite.config import DQNWorkflowConfig, ParametricDQNWorkflowConfig
+from reagent_lite.data.checks import dense_rows, map_rows
 from reagent_lite.data.readers import read_table
-from reagent_lite.data.validate import _map_rows, check_feature_column, validate
+from reagent_lite.data.schema import check_columns
+from reagent_lite.data.validate import ShardValidation, ValidationReport
 from reagent_lite.errors import DataError
+from reagent_lite.kinds import KINDS
 
 ACTIONS = ["left", "right"]
 FMAP = pa.map_(pa.string(), pa.float64())
@@ -105,9 +110,25 @@ def parametric_table(rows: list[dict[str, Any]] | None = None) -> pa.Table:
     )
 
 
+PATHS = {"training_data_path": "t.parquet", "model_output_path": "out"}
+SCHEMAS = {
+    "dqn": KINDS["dqn"].schema(DQNWorkflowConfig(**PATHS, actions=ACTIONS)),
+    "parametric_dqn": KINDS["parametric_dqn"].schema(ParametricDQNWorkflowConfig(**PATHS)),
+}
+
+
+def validate(
+    table: pa.Table, kind: str = "dqn", *, source: str, drop_bad_rows: bool = False
+) -> tuple[pa.Table, ValidationReport]:
+    """`table` validated at once against the `kind`'s schema: (the rows kept, the report)."""
+    check = ShardValidation(SCHEMAS[kind], source=source, drop_bad_rows=drop_bad_rows)
+    table = check.check(table)
+    return table, check.finish()
+
+
 def _error(table: pa.Table, kind: str = "dqn", **kw: Any) -> str:
     with pytest.raises(DataError) as exc:
-        validate(table, kind, actions=ACTIONS, source="data/train.parquet", **kw)  # type: ignore[arg-type]
+        validate(table, kind, source="data/train.parquet", **kw)
     return str(exc.value)
 
 
@@ -118,7 +139,7 @@ def _assert_names(msg: str, column: str, count: int) -> None:
 
 
 def test_valid_tables_pass() -> None:
-    _, report = validate(dqn_table(), "dqn", actions=ACTIONS, source="x")
+    _, report = validate(dqn_table(), "dqn", source="x")
     assert report.rows_in == report.rows_out == 6 and not report.dropped
     _, report = validate(parametric_table(), "parametric_dqn", source="x")
     assert report.rows_out == 4
@@ -128,7 +149,7 @@ def test_propensity_alias_is_renamed() -> None:
     t = dqn_table().rename_columns(
         ["propensity" if c == "action_probability" else c for c in DQN_SCHEMA.names]
     )
-    out, _ = validate(t, "dqn", actions=ACTIONS, source="x")
+    out, _ = validate(t, "dqn", source="x")
     assert "action_probability" in out.column_names
 
 
@@ -142,7 +163,7 @@ def test_dense_state_alternative_is_accepted() -> None:
     t = t.append_column("state", pa.array([[1.0, 2.0]] * 6)).append_column(
         "next_state", pa.array([[1.0, 2.0]] * 6)
     )
-    validate(t, "dqn", actions=ACTIONS, source="x")
+    validate(t, "dqn", source="x")
     bad = t.set_column(t.column_names.index("state"), "state", pa.array([[1.0, 2.0]] * 5 + [[1.0]]))
     _assert_names(_error(bad), "state", 1)
 
@@ -229,9 +250,7 @@ def test_drop_bad_rows_counts_them() -> None:
     rows[1]["reward"] = math.nan
     rows[2]["action_probability"] = 2.0
     rows[2]["reward"] = math.nan
-    table, report = validate(
-        dqn_table(rows), "dqn", actions=ACTIONS, source="f.parquet", drop_bad_rows=True
-    )
+    table, report = validate(dqn_table(rows), "dqn", source="f.parquet", drop_bad_rows=True)
     assert table.num_rows == 4 and report.rows_dropped == 2
     assert {(p.column, p.count) for p in report.dropped} == {
         ("reward", 2),
@@ -240,7 +259,7 @@ def test_drop_bad_rows_counts_them() -> None:
     assert "f.parquet" in str(report)
     all_bad = [dict(r, reward=math.nan) for r in dqn_rows()]
     with pytest.raises(DataError, match="every row is bad"):
-        validate(dqn_table(all_bad), "dqn", actions=ACTIONS, source="f", drop_bad_rows=True)
+        validate(dqn_table(all_bad), "dqn", source="f", drop_bad_rows=True)
 
 
 def test_parametric_bad_candidate_values() -> None:
@@ -258,7 +277,7 @@ def test_file_name_from_a_real_file(tmp_path: Any) -> None:
     path = tmp_path / "bad.parquet"
     pq.write_table(dqn_table(rows), path)
     with pytest.raises(DataError, match=r"bad\.parquet: column 'reward': 1 bad row"):
-        validate(read_table(path), "dqn", actions=ACTIONS, source=str(path))
+        validate(read_table(path), "dqn", source=str(path))
 
 
 def test_feature_id_twice_in_one_map() -> None:
@@ -273,9 +292,7 @@ def test_feature_id_twice_in_one_map() -> None:
     _assert_names(msg, "state_features", 1)
     _assert_names(msg, "next_state_features", 1)
     assert "twice" in msg and "row 1" in msg and "row 4" in msg
-    table, report = validate(
-        dqn_table(rows), "dqn", actions=ACTIONS, source="f", drop_bad_rows=True
-    )
+    table, report = validate(dqn_table(rows), "dqn", source="f", drop_bad_rows=True)
     assert table.num_rows == 4 and report.rows_dropped == 2
 
     prm = parametric_rows()
@@ -303,45 +320,9 @@ def test_repeated_feature_id_found_for_every_key_type(key_type: pa.DataType) -> 
     null = pa.array([False, False, False, True, False])
     maps = pa.MapArray.from_arrays(offsets, key_arr, items, mask=null)
     assert maps.type.key_type == key_type and maps.null_count == 1
-    bad_val, bad_key, bad_dup = _map_rows(pa.chunked_array([maps]), len(maps), nested=False)
+    bad_val, bad_key, bad_dup = map_rows(pa.chunked_array([maps]), nested=False)
     assert bad_dup.tolist() == [False, False, True, False, False]
     assert not bad_val.any() and not bad_key.any()
-
-
-def test_check_feature_column_for_scored_tables() -> None:
-    """What `predict` checks: the training rules for feature columns alone."""
-    rows = dqn_rows()
-    check_feature_column(dqn_table(rows), "state_features", "s.parquet")  # valid: no error
-    rows[2]["state_features"] = {"0": math.nan, "1": 1.0}
-    rows[3]["state_features"] = [("1", 1.0), ("1", 2.0)]
-    with pytest.raises(DataError) as exc:
-        check_feature_column(dqn_table(rows), "state_features", "s.parquet")
-    msg = str(exc.value)
-    assert "s.parquet: column 'state_features': 1 bad row: null, NaN" in msg
-    assert "row 2" in msg and "row 3" in msg and "twice" in msg
-
-    dense = pa.table({"state": pa.array([[1.0, 2.0], [math.inf, 0.0], [1.0, 2.0]])})
-    with pytest.raises(DataError, match=r"column 'state': 1 bad row: .*NaN or infinite.*row 1"):
-        check_feature_column(dense, "state", "s")
-    prm = parametric_rows()
-    prm[1]["possible_actions"] = [{"10": 1.0}, {"10": math.nan}]
-    with pytest.raises(DataError, match=r"'possible_actions': 1 bad row.*row 1"):
-        check_feature_column(parametric_table(prm), "possible_actions", "s", candidates=True)
-    with pytest.raises(DataError, match="expected a map of feature id"):
-        check_feature_column(pa.table({"state": pa.array(["a", "b"])}), "state", "s")
-    # Each column's own shape: candidates are lists of maps, a state is not.
-    with pytest.raises(DataError, match="'possible_actions' has type list<item: double>"):
-        check_feature_column(
-            pa.table({"possible_actions": pa.array([[1.0]])}),
-            "possible_actions",
-            "s",
-            candidates=True,
-        )
-    cands = parametric_table(parametric_rows()).select(["possible_actions"])
-    with pytest.raises(DataError, match="expected a map of feature id → number or a list"):
-        check_feature_column(cands, "possible_actions", "s")
-    check_feature_column(cands, "possible_actions", "s", candidates=True)
-    check_feature_column(pa.table({"state": pa.nulls(3)}), "state", "s")  # JSON all-null
 
 
 def test_rows_of_candidate_lists_after_a_null_list_that_owns_entries() -> None:
@@ -352,7 +333,7 @@ def test_rows_of_candidate_lists_after_a_null_list_that_owns_entries() -> None:
     lists = pa.ListArray.from_arrays(
         pa.array([0, 1, 2, 3], pa.int32()), maps, mask=pa.array([True, False, False])
     )
-    bad_val, _, bad_dup = _map_rows(pa.chunked_array([lists]), 3, nested=True)
+    bad_val, _, bad_dup = map_rows(pa.chunked_array([lists]), nested=True)
     assert bad_dup.tolist() == [False, True, False]
     assert bad_val.tolist() == [False, False, True]
     dense = pa.ListArray.from_arrays(
@@ -360,9 +341,8 @@ def test_rows_of_candidate_lists_after_a_null_list_that_owns_entries() -> None:
         pa.array([math.nan, 1.0, 2.0, 3.0]),
         mask=pa.array([True, False]),
     )
-    check_feature_column(pa.table({"s": pa.array([[2.0, 3.0]])}), "s", "x")
-    with pytest.raises(DataError, match="row 0: None"):  # only the null row is bad
-        check_feature_column(pa.table({"s": dense}), "s", "x")
+    bad_val, bad_len = dense_rows(pa.chunked_array([dense]))
+    assert bad_val.tolist() == [True, False] and not bad_len.any()  # only the null row is bad
 
 
 @pytest.mark.parametrize("seed", range(4))
@@ -407,7 +387,7 @@ def test_repeated_ids_match_a_plain_python_count(seed: int) -> None:
                 own = keys[offsets[r] : offsets[r + 1]]
                 expected.append(not null[r] and len(set(own.tolist())) < len(own))
         col = pa.chunked_array(chunks, chunks[0].type)
-        _, _, bad_dup = _map_rows(col, len(col), nested=False)
+        _, _, bad_dup = map_rows(col, nested=False)
         assert bad_dup.tolist() == expected
 
 
@@ -422,8 +402,31 @@ def test_unsigned_integer_feature_ids() -> None:
     for r in rows:
         for name in ("state_features", "next_state_features"):
             r[name] = {int(k): v for k, v in r[name].items()}
-    validate(pa.Table.from_pylist(rows, schema=schema), "dqn", actions=ACTIONS, source="u")
+    validate(pa.Table.from_pylist(rows, schema=schema), "dqn", source="u")
     rows[0]["state_features"] = {2**64 - 1: 1.0}
     rows[1]["state_features"] = {2**63 - 1: 1.0}
     msg = _error(pa.Table.from_pylist(rows, schema=schema))
     assert "column 'state_features': 1 bad row: feature id is not a non-negative" in msg
+
+
+def test_the_schemas_are_the_kinds_declarations() -> None:
+    """Validation knows no kind: the columns, types and rules come from the schema handed
+    to it. A schema of other columns checks other columns."""
+    from reagent_lite.data.checks import nonfinite_rows
+    from reagent_lite.data.schema import TableSchema, field
+
+    schema = TableSchema("a test", (field("score", pa.types.is_floating, "floats",
+                                           nonfinite_rows("not a finite score")),))  # fmt: skip
+    check = ShardValidation(schema, source="s.parquet")
+    check.check(pa.table({"score": [1.0, math.nan, 2.0], "other": ["x", "y", "z"]}))
+    with pytest.raises(DataError, match=r"s.parquet: column 'score': 1 bad row: not a finite"):
+        check.finish()
+    with pytest.raises(DataError, match=r"missing required column.*'score' for a test"):
+        check_columns(pa.table({"other": [1]}), schema, "s.parquet")
+    # The dry run's check: columns and types of an empty table, every kind's schema.
+    assert [f.name for f, _ in check_columns(dqn_table([]), SCHEMAS["dqn"], "x")][:2] == [
+        "mdp_id",
+        "sequence_number",
+    ]
+    with pytest.raises(DataError, match="column 'action': expected map<feature id, float>"):
+        check_columns(dqn_table([]), SCHEMAS["parametric_dqn"], "x")

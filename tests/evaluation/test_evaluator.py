@@ -14,8 +14,10 @@ import pytest
 import torch
 from torch import Tensor, nn
 
+from reagent_lite.config import ParametricDQNWorkflowConfig
+from reagent_lite.data.ingest import ingest_table
+from reagent_lite.data.parametric_shard import ParametricShard
 from reagent_lite.data.tensordict import TensorDict
-from reagent_lite.data.tensorize import tensorize_parametric
 from reagent_lite.data.timeline import build_training_table
 from reagent_lite.evaluation.cpe_models import CpeNets
 from reagent_lite.evaluation.evaluator import evaluate_cpe
@@ -131,8 +133,23 @@ def parametric_table() -> pa.Table:
     )
 
 
-def tensors(raw: object) -> TensorDict:
-    """Raw (unnormalized) parametric transitions as the evaluator's TensorDict."""
+def raw_shard(table: pa.Table, state_ids: list[str], action_ids: list[str]) -> ParametricShard:
+    """A parametric table as the ingest engine reads it (raw values, NaN = absent), in the
+    space of those ids and K = its longest candidate list."""
+    cfg = ParametricDQNWorkflowConfig(training_data_path="t.parquet", model_output_path="out")
+    shard = ingest_table(table, PARAMETRIC.layout(cfg))
+    shard.conform(state_ids, action_ids, shard.max_candidates)
+    return shard
+
+
+def _raw(shard: ParametricShard, name: str) -> np.ndarray:
+    """A raw column, 0 where a feature is absent."""
+    return np.nan_to_num({**shard.features, **shard.fields}[name])
+
+
+def tensors(raw: ParametricShard) -> TensorDict:
+    """Raw (unnormalized, 0 where absent) parametric transitions as the evaluator's
+    TensorDict."""
     fields = [
         "state",
         "next_state",
@@ -148,12 +165,12 @@ def tensors(raw: object) -> TensorDict:
         "mdp_id",
         "sequence_number",
     ]
-    return TensorDict({name: getattr(raw, name) for name in fields})
+    return TensorDict({name: torch.from_numpy(_raw(raw, name)) for name in fields})
 
 
 def test_parametric_logged_action_not_among_candidates() -> None:
-    raw = tensorize_parametric(parametric_table(), ["0"], ["100", "101"])
-    assert raw.action_index.tolist() == [0, -1]
+    raw = raw_shard(parametric_table(), ["0"], ["100", "101"])
+    assert raw.fields["action_index"].tolist() == [0, -1]
     out = evaluate_cpe(
         PARAMETRIC,
         FirstFeature(),  # Q = first feature: row 0 → [0, ln 3] → pi = [.25, .75] at T = 1
@@ -206,11 +223,11 @@ class EnvScorer(nn.Module):
 def bandit() -> tuple[ParametricBanditEnv, TensorDict, Contexts]:
     env = ParametricBanditEnv(seed=3)
     table, _ = build_training_table(env.log_episodes(4000, seed=5).steps, eval_fraction=0.0)
-    raw = tensorize_parametric(table, env.state_feature_ids, env.action_feature_ids)
+    raw = raw_shard(table, env.state_feature_ids, env.action_feature_ids)
     contexts = Contexts(
-        raw.state.double().numpy(),
-        raw.possible_actions.double().numpy(),
-        raw.possible_actions_mask.numpy() > 0,
+        _raw(raw, "state").astype(np.float64),
+        _raw(raw, "possible_actions").astype(np.float64),
+        _raw(raw, "possible_actions_mask") > 0,
         env.state_feature_ids,
         env.action_feature_ids,
     )

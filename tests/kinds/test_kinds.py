@@ -46,7 +46,8 @@ def test_discrete_network_and_trainer_from_a_horizon_style_config() -> None:
     assert hp.double_q_learning is False and hp.minibatches_per_step == 2 and hp.gamma == 0.9
     assert trainer.optimizer.param_groups[0]["weight_decay"] == pytest.approx(0.001)
     assert trainer.reward_boost is not None and trainer.reward_boost.tolist() == [1.0, 0.0, 0.0]
-    assert kind.action_names(cfg) == ["a", "b", "c"]
+    assert kind.schema(cfg).kind == "dqn"
+    assert kind.layout(cfg).builder(1, "t.parquet").actions == ["a", "b", "c"]
     assert kind.norm_files(cfg) == {"state": None}
 
 
@@ -63,7 +64,7 @@ def test_parametric_network_and_trainer_from_config() -> None:
     assert net(torch.randn(3, 4), torch.randn(3, 5, 2)).shape == (3, 5)
     trainer = kind.build_trainer(net, cfg, space, net)
     assert trainer.hp.maxq_learning is False and isinstance(trainer.optimizer, torch.optim.SGD)
-    assert kind.action_names(cfg) is None
+    assert kind.schema(cfg).kind == "parametric_dqn"
     assert kind.norm_files(cfg) == {"state": None, "action": str(cfg.action_norm_data_path)}
 
 

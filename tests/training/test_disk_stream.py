@@ -17,7 +17,7 @@ import torch
 
 from reagent_lite.config import DQNWorkflowConfig, ParametricDQNWorkflowConfig, config_from_dict
 from reagent_lite.config.models import WorkflowConfig
-from reagent_lite.data.disk_stream import load_window, stream_units
+from reagent_lite.data.windows import stream_units
 from reagent_lite.distributed.context import DistContext
 from reagent_lite.errors import DataError
 from reagent_lite.kinds import EVAL_ONLY_FIELDS
@@ -25,6 +25,7 @@ from reagent_lite.normalization.params import save_normalization
 from reagent_lite.training import steps
 from reagent_lite.training.loop import Workflow
 from tests.conftest import REPO_ROOT, run_module
+from tests.data.test_disk_stream import load_window
 from tests.data.test_ingest import ACTIONS, rows, write
 from tests.data.test_ingest_parametric import parametric_rows, write_parametric
 from tests.workflows.nodes import Job, assert_outputs_once, epoch_losses, write_config
@@ -116,9 +117,7 @@ def test_bad_row_in_a_later_window_raises_the_readers_error(tmp_path: Path) -> N
     path = write(tmp_path / "t.parquet", data, 64)
     unit = stream_units(str(path), 0, 1)[10]
     with pytest.raises(DataError) as direct:
-        load_window(
-            [unit], ACTIONS, ["0"], use_seq_num_diff_as_time_diff=False, drop_bad_rows=False
-        )
+        load_window([unit], ["0"])
     wf = Workflow("dqn", _cfg(path, tmp_path / "out"), DistContext.single("cpu"))
     try:
         wf.setup()

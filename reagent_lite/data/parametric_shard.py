@@ -1,42 +1,41 @@
-"""Streaming ingest of a parametric_dqn shard (`ingest.py` tells the method; this is the
-builder for the parametric table and its `ingest_parametric`).
+"""The parametric_dqn shard (`ParametricShardBuilder` collects one batch by batch;
+`data/shard_builder.py` tells the method).
 
 On top of the state matrices a parametric shard holds the logged and next actions as
 NaN-coded matrices [N, G] and the candidate sets as padded NaN-coded tensors [N, K, G]
-(a padded slot is all NaN) with their masks [N, K] — what `tensorize_parametric` gives,
-with NaN where its presence is 0.
+(a padded slot is all NaN) with their masks [N, K].
 
 Two things are only known at the end. The action feature ids the workflow agrees on are
-those of the `action` column (as on the resident path), but a candidate of an early row
-group may carry an id that only a later logged action shows, so every id of the four
-action columns gets a column and `ParametricShard.conform` keeps the agreed ones. K, unless
-fixed by `max_candidates`, is the longest candidate list so far (the tensors grow with it)
-and `conform` pads to the agreed K. `action_index` — the logged action's slot among the
-candidates — is computed by `conform` too, once the columns are final.
+those of the `action` column, but a candidate of an early row group may carry an id that
+only a later logged action shows, so every id of the four action columns gets a column and
+`ParametricShard.conform` keeps the agreed ones. K, unless fixed by `max_candidates`, is
+the longest candidate list so far (the tensors grow with it) and `conform` pads to the
+agreed K. `action_index` — the logged action's slot among the candidates — is computed by
+`conform` too, once the columns are final.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
 
-from reagent_lite.data import tensorize as tz
-from reagent_lite.data.ingest import ingest_shard
+from reagent_lite.data.arrow import column_of, list_lengths
+from reagent_lite.data.scatter import match_index, scatter_candidates
+from reagent_lite.data.schema import NEXT_STATE_COLUMNS, STATE_COLUMNS
 from reagent_lite.data.shard_builder import (
     FeatureColumns,
     IngestedShard,
     ShardBuilder,
     reorder_columns,
 )
-from reagent_lite.data.validate import ShardValidation, ValidationReport
+from reagent_lite.data.validate import ValidationReport
 
 ACTION_COLUMNS = ("action", "next_action")
 CANDIDATE_COLUMNS = ("possible_actions", "possible_next_actions")
-# The order of `ParametricTransitions` without the presences (training tensors keep it).
+# The order of the training tensors.
 PARAMETRIC_FIELDS = (
     "state", "next_state", "action", "next_action", "possible_actions",
     "possible_actions_mask", "possible_next_actions", "possible_next_actions_mask",
@@ -50,9 +49,10 @@ FEATURES = ("state", "next_state", *ACTION_COLUMNS, *CANDIDATE_COLUMNS)
 class ParametricShard(IngestedShard):
     """A parametric shard as arrays: `features` (state, next_state [N, F] in `columns.ids`
     order; action, next_action [N, G] and the candidate tensors [N, K, G] in
-    `action_columns.ids` order; NaN = absent) and `fields` (masks [N, K] and the per-row
-    fields of `ParametricTransitions`). `action_ids`: the ids seen in `action` (those the
-    workflow agrees on). Call `conform` before use."""
+    `action_columns.ids` order; NaN = absent) and `fields` (masks [N, K], `action_index`
+    int64 [N] once conformed, and the per-row fields of every transition table).
+    `action_ids`: the ids seen in `action` (those the workflow agrees on). Call `conform`
+    before use."""
 
     action_columns: FeatureColumns
     action_ids: set[str]
@@ -74,7 +74,7 @@ class ParametricShard(IngestedShard):
                 f[name] = reorder_columns(f[name], self.columns, states)
             else:
                 f[name] = reorder_columns(f[name], self.action_columns, actions)
-        self.columns, self.action_columns = FeatureColumns.of(states), FeatureColumns.of(actions)
+        self.columns, self.action_columns = FeatureColumns(states), FeatureColumns(actions)
         pad = max_candidates - self.max_candidates
         if pad < 0:
             raise ValueError(f"{self.max_candidates} candidate slots; asked for {max_candidates}")
@@ -85,16 +85,16 @@ class ParametricShard(IngestedShard):
                 mask = self.fields[f"{name}_mask"]
                 self.fields[f"{name}_mask"] = np.pad(mask, ((0, 0), (0, pad)))
             self.max_candidates = max_candidates
-        self.fields["action_index"] = tz._match_index(
-            f["action"], None, f["possible_actions"], None, self.fields["possible_actions_mask"]
+        self.fields["action_index"] = match_index(
+            f["action"], f["possible_actions"], self.fields["possible_actions_mask"]
         )
 
 
 class ParametricShardBuilder(ShardBuilder[ParametricShard]):
     """Collects a parametric shard batch by batch (see the module docstring); K is fixed
-    when `max_candidates` is given (a longer list is a `DataError`, as on the resident
-    path), else the longest list so far. The agreed ids, when known (`state_feature_ids`,
-    `action_feature_ids`), get the first columns, in that order."""
+    when `max_candidates` is given (a longer list is a `DataError`), else the longest list
+    so far. The agreed ids, when known (`state_feature_ids`, `action_feature_ids`), get the
+    first columns, in that order."""
 
     def __init__(
         self,
@@ -112,19 +112,19 @@ class ParametricShardBuilder(ShardBuilder[ParametricShard]):
             source=source,
             feature_ids=state_feature_ids,
         )
-        self.action_columns = FeatureColumns.of(action_feature_ids)
+        self.action_columns = FeatureColumns(action_feature_ids)
         self.action_ids: set[str] = set()
         self.fixed_k = max_candidates
         self.k = max_candidates or 1
         for name in ACTION_COLUMNS:
-            self._alloc(name, (0,), np.float32)
+            self.alloc(name, (0,), np.float32)
         for name in CANDIDATE_COLUMNS:
-            self._alloc(name, (self.k, 0), np.float32)
-            self._alloc(f"{name}_mask", (self.k,), np.float32, fill=0.0)
+            self.alloc(name, (self.k, 0), np.float32)
+            self.alloc(f"{name}_mask", (self.k,), np.float32, fill=0.0)
 
-    def _tails(self) -> dict[str, tuple[int, ...]]:
+    def tails(self) -> dict[str, tuple[int, ...]]:
         g, k = len(self.action_columns.ids), self.k
-        tails = super()._tails()
+        tails = super().tails()
         for name in ACTION_COLUMNS:
             tails[name] = (g,)
         for name in CANDIDATE_COLUMNS:
@@ -136,46 +136,33 @@ class ParametricShardBuilder(ShardBuilder[ParametricShard]):
         if b == 0:
             return
         src = self.source
-        s_col = tz._column_of(table, tz.STATE_COLUMNS, src)
-        ns_col = tz._column_of(table, tz.NEXT_STATE_COLUMNS, src)
-        acts = {c: tz._column_of(table, [c], src) for c in (*ACTION_COLUMNS, *CANDIDATE_COLUMNS)}
-        self._discover(s_col, self.columns, self.state_ids)
-        self._discover(ns_col, self.columns)
-        self._discover(acts["action"], self.action_columns, self.action_ids)
+        s_col = column_of(table, STATE_COLUMNS, src)
+        ns_col = column_of(table, NEXT_STATE_COLUMNS, src)
+        acts = {c: column_of(table, [c], src) for c in (*ACTION_COLUMNS, *CANDIDATE_COLUMNS)}
+        self.discover(s_col, self.columns, self.state_ids)
+        self.discover(ns_col, self.columns)
+        self.discover(acts["action"], self.action_columns, self.action_ids)
         for name in ("next_action", *CANDIDATE_COLUMNS):
-            self._discover(acts[name], self.action_columns)
-        lengths = {c: tz.list_lengths(acts[c]) for c in CANDIDATE_COLUMNS}
+            self.discover(acts[name], self.action_columns)
+        lengths = {c: list_lengths(acts[c]) for c in CANDIDATE_COLUMNS}
         if self.fixed_k is None:
             self.k = max(self.k, *(int(v.max()) for v in lengths.values()))
         lo, hi = self.n, self.n + b
-        self._ensure(hi)
+        self.ensure(hi)
         a = self.arrays
         for name, col, columns in (
             ("state", s_col, self.columns),
             ("next_state", ns_col, self.columns),
             *((c, acts[c], self.action_columns) for c in ACTION_COLUMNS),
         ):
-            a[name][lo:hi] = np.nan
-            self._features(col, a[name][lo:hi], columns)
+            self.scatter(col, a[name][lo:hi], columns)
         for name in CANDIDATE_COLUMNS:
-            self._candidates(acts[name], a[name][lo:hi], a[f"{name}_mask"][lo:hi])
-        self._common(table, lo, hi, lengths["possible_next_actions"] == 0)
+            out, mask = a[name][lo:hi], a[f"{name}_mask"][lo:hi]
+            out.fill(np.nan)
+            mask.fill(0.0)
+            scatter_candidates(acts[name], self.action_columns.ids, out, mask, src)
+        self.common(table, lo, hi, lengths["possible_next_actions"] == 0)
         self.n = hi
-
-    def _candidates(self, col: pa.ChunkedArray, out: np.ndarray, mask: np.ndarray) -> None:
-        """Scatter one batch's candidate lists into `out` [b, K, G] and `mask` [b, K]."""
-        out.fill(np.nan)
-        mask.fill(0.0)
-        ids = self.action_columns.ids
-        for start, chunk in tz._chunks(col):
-            rows, pos = tz.candidate_slots(chunk, self.k, self.source)
-            rows += start
-            mask[rows, pos] = 1.0
-            maps = chunk.flatten()
-            if len(rows) and ids and pa.types.is_map(maps.type):
-                values = np.full((len(maps), len(ids)), np.nan, np.float32)
-                tz._scatter_map(maps, 0, ids, values, None)
-                out[rows, pos] = values
 
     def finish(self, report: ValidationReport) -> ParametricShard:
         fields = [f for f in PARAMETRIC_FIELDS if f not in FEATURES and f != "action_index"]
@@ -186,34 +173,7 @@ class ParametricShardBuilder(ShardBuilder[ParametricShard]):
             action_columns=self.action_columns,
             action_ids=self.action_ids,
             max_candidates=self.k,
-            features=self._rows(FEATURES),
-            fields=self._rows(fields),
-            episodes=list(self._mdp_codes),
+            features=self.rows(FEATURES),
+            fields=self.rows(fields),
+            episodes=list(self.episode_codes),
         )
-
-
-def ingest_parametric(
-    path: str | Path,
-    parts: Sequence[tuple[int, int]],
-    *,
-    max_candidates: int | None = None,
-    use_seq_num_diff_as_time_diff: bool = False,
-    drop_bad_rows: bool = False,
-    prefetch: bool = False,
-    slice_rows: int = 32768,
-) -> ParametricShard:
-    """The parametric shard(s) `parts` of the table at `path` (`ingest_shard`), validated
-    (as `validate`) and tensorized (as `tensorize_parametric`) batch by batch; `conform` it
-    to the agreed ids and K before use."""
-    source = str(path)
-    check = ShardValidation("parametric_dqn", source=source, drop_bad_rows=drop_bad_rows)
-
-    def builder(capacity: int | None) -> ParametricShardBuilder:
-        return ParametricShardBuilder(
-            capacity=capacity,
-            max_candidates=max_candidates,
-            use_seq_num_diff_as_time_diff=use_seq_num_diff_as_time_diff,
-            source=source,
-        )
-
-    return ingest_shard(path, parts, check, builder, prefetch=prefetch, slice_rows=slice_rows)

@@ -1,0 +1,217 @@
+"""Arrow columns as numpy: the vectorised helpers that validation and tensorization share.
+
+Everything here works on whole Arrow buffers (a map column's offsets, keys and items; a
+dictionary's codes), so the cost is a few passes over the flattened entries, never a Python
+loop over rows.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Iterator, Sequence
+from typing import TypeAlias
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from reagent_lite.errors import DataError
+
+ArrowColumn: TypeAlias = "pa.Array | pa.ChunkedArray"
+_t = pa.types
+
+# ----------------------------------------------------------------------------- types
+
+
+def is_str(t: pa.DataType) -> bool:
+    """Strings, or dictionary-encoded strings."""
+    if _t.is_dictionary(t):
+        return is_str(t.value_type)
+    return bool(_t.is_string(t) or _t.is_large_string(t))
+
+
+def is_num(t: pa.DataType) -> bool:
+    return bool(_t.is_integer(t) or _t.is_floating(t))
+
+
+def is_list(t: pa.DataType) -> bool:
+    return bool(_t.is_list(t) or _t.is_large_list(t))
+
+
+def is_feature_map(t: pa.DataType) -> bool:
+    """map<feature id (string or integer), number>."""
+    return bool(
+        _t.is_map(t) and (is_str(t.key_type) or _t.is_integer(t.key_type)) and is_num(t.item_type)
+    )
+
+
+def is_dense(t: pa.DataType) -> bool:
+    """list<number>: dense features, feature id "i" at position i."""
+    return is_list(t) and is_num(t.value_type)
+
+
+# ----------------------------------------------------------------------------- columns
+
+
+def chunks(col: ArrowColumn) -> Iterator[tuple[int, pa.Array]]:
+    """(first row, chunk) pairs; a plain Array is one chunk."""
+    if isinstance(col, pa.ChunkedArray):
+        start = 0
+        for chunk in col.chunks:
+            yield start, chunk
+            start += len(chunk)
+    else:
+        yield 0, col
+
+
+def column_of(table: pa.Table, names: Sequence[str], source: str) -> pa.ChunkedArray:
+    """The first of `names` (a column and its alternatives) that `table` has."""
+    for n in names:
+        if n in table.column_names:
+            return table.column(n)
+    raise DataError(f"{source}: missing column '{names[0]}'")
+
+
+def list_lengths(col: ArrowColumn) -> np.ndarray:
+    """Entries per row of a list column (a null list has none)."""
+    return np.asarray(pc.list_value_length(col).fill_null(0).to_numpy(zero_copy_only=False))
+
+
+def flat_parents(lists: pa.Array) -> np.ndarray:
+    """Row of each element of `lists.flatten()`. (`pc.list_parent_indices` also counts
+    elements that a null list slot owns, which `flatten` leaves out.)"""
+    return np.repeat(np.arange(len(lists), dtype=np.int64), list_lengths(lists))
+
+
+def map_entries(arr: pa.MapArray) -> tuple[np.ndarray, pa.Array, pa.Array]:
+    """(row index per entry int64 [E], keys [E], items [E]) of a map array, honouring slices
+    and null rows (a null map is an empty one)."""
+    offsets = arr.offsets.to_numpy()
+    lo, hi = int(offsets[0]), int(offsets[-1])
+    rows = np.repeat(np.arange(len(arr), dtype=np.int64), np.diff(offsets))
+    keys = arr.keys.slice(lo, hi - lo)
+    items = arr.items.slice(lo, hi - lo)
+    if arr.null_count:
+        # Arrow lets a null slot own entries; they must not count.
+        keep = np.asarray(arr.is_valid())[rows]
+        if not keep.all():
+            mask = pa.array(keep)
+            rows, keys, items = rows[keep], keys.filter(mask), items.filter(mask)
+    return rows, keys, items
+
+
+def map_keys(arr: pa.MapArray) -> pa.Array:
+    """The keys of the (non-null) maps of a map array."""
+    if arr.null_count:
+        return map_entries(arr)[1]
+    offsets = arr.offsets
+    lo, hi = offsets[0].as_py(), offsets[-1].as_py()
+    return arr.keys.slice(lo, hi - lo)
+
+
+def used_keys(keys: pa.Array) -> list[str]:
+    """The distinct keys of a map's key array, as strings."""
+    if _t.is_dictionary(keys.type):
+        codes = keys.indices.to_numpy(zero_copy_only=False)
+        used = np.bincount(codes, minlength=len(keys.dictionary)) > 0
+        return [str(k) for k in keys.dictionary.filter(pa.array(used)).to_pylist()]
+    return [str(k) for k in pc.unique(keys).to_pylist()]
+
+
+def bools(arr: pa.Array | pa.ChunkedArray) -> np.ndarray:
+    """A boolean Arrow array as numpy, nulls as False."""
+    return np.asarray(arr.fill_null(False).to_numpy(zero_copy_only=False), dtype=bool)
+
+
+def nonfinite(values: pa.Array | pa.ChunkedArray) -> np.ndarray:
+    """Per value: null, NaN or ±inf."""
+    if _t.is_integer(values.type):
+        return np.asarray(values.is_null().to_numpy(zero_copy_only=False), bool)
+    if _t.is_float32(values.type) or _t.is_float64(values.type):
+        v = values.to_numpy(zero_copy_only=False)  # nulls come out as NaN
+    else:
+        v = values.cast(pa.float64()).to_numpy(zero_copy_only=False)
+    return ~np.isfinite(v)
+
+
+def to_float32(arr: pa.Array | pa.ChunkedArray) -> np.ndarray:
+    """Values as float32; nulls become NaN."""
+    if isinstance(arr, pa.ChunkedArray):
+        arr = arr.combine_chunks()
+    if _t.is_floating(arr.type) and arr.null_count == 0:
+        return arr.to_numpy(zero_copy_only=False).astype(np.float32, copy=False)
+    return np.asarray(arr.cast(pa.float64()).to_numpy(zero_copy_only=False), np.float32)
+
+
+# ----------------------------------------------------------------------------- dictionaries
+
+# Dictionaries up to this size are looked up in Python: a per-call pyarrow kernel costs
+# more than the lookup itself, and a shard is processed in many small slices.
+SMALL_DICTIONARY = 256
+
+
+@functools.lru_cache(maxsize=16)
+def positions(names: tuple[str, ...]) -> dict[str, int]:
+    """name → its index in `names` (cached: the same few id lists are looked up per slice)."""
+    return {n: i for i, n in enumerate(names)}
+
+
+def small_string_dictionary(arr: pa.Array) -> list[str] | None:
+    """The dictionary of a dictionary-encoded string array as a list, if it is small."""
+    d = arr.dictionary
+    if len(d) > SMALL_DICTIONARY or not (_t.is_string(d.type) or _t.is_large_string(d.type)):
+        return None
+    return d.to_pylist()
+
+
+def dictionary_codes(arr: pa.Array) -> np.ndarray:
+    """The codes of a dictionary array (nulls as code 0: callers mask them)."""
+    codes = arr.indices
+    if codes.null_count:
+        codes = codes.fill_null(0)
+    return np.asarray(codes.to_numpy(zero_copy_only=False))
+
+
+# Codes of `string_index` for strings that are not one of the names.
+NAME_UNKNOWN, NAME_NULL, NAME_EMPTY = -1, -2, -3
+
+
+def _string_index_array(arr: pa.Array, names: Sequence[str]) -> np.ndarray:
+    if _t.is_dictionary(arr.type):
+        # Work on the (small) dictionary, then look the codes up: no string is touched twice.
+        small = small_string_dictionary(arr)
+        if small is not None:
+            pos = positions(tuple(names))
+            per_value = np.array(
+                [pos.get(v, NAME_EMPTY if v == "" else NAME_UNKNOWN) for v in small], np.int64
+            )
+        else:
+            per_value = _string_index_array(arr.dictionary, names)
+        if len(per_value) == 0:
+            out = np.full(len(arr), NAME_UNKNOWN, np.int64)
+        else:
+            out = per_value[dictionary_codes(arr)]
+        if arr.null_count:
+            out[np.asarray(arr.is_null().to_numpy(zero_copy_only=False))] = NAME_NULL
+        return out
+    if not (_t.is_string(arr.type) or _t.is_large_string(arr.type)):
+        arr = arr.cast(pa.string())
+    idx = pc.index_in(arr, value_set=pa.array(list(names), arr.type))
+    out = np.asarray(idx.fill_null(NAME_UNKNOWN).to_numpy(zero_copy_only=False), np.int64)
+    missing = out < 0
+    if missing.any():
+        empty = np.asarray(pc.equal(arr, "").fill_null(False).to_numpy(zero_copy_only=False))
+        out[missing & empty] = NAME_EMPTY
+        if arr.null_count:
+            out[np.asarray(arr.is_null().to_numpy(zero_copy_only=False))] = NAME_NULL
+    return out
+
+
+def string_index(col: ArrowColumn, names: Sequence[str]) -> np.ndarray:
+    """Index of each string of `col` in `names` (int64); `NAME_NULL` for nulls, `NAME_EMPTY`
+    for "" (unless "" is a name), `NAME_UNKNOWN` for anything else. Dictionary-encoded
+    strings are looked up by dictionary entry."""
+    if _t.is_null(col.type):
+        return np.full(len(col), NAME_NULL, np.int64)
+    parts = [_string_index_array(chunk, names) for _, chunk in chunks(col)]
+    return np.concatenate(parts) if len(parts) != 1 else parts[0]
