@@ -34,7 +34,7 @@ from reagent_lite.training.graphs import ddp_construction, plain_lr
 from reagent_lite.training.host_memory import keep_freed_memory
 from reagent_lite.training.metrics import MetricsWriter
 from reagent_lite.training.shard import load_training_shard, read_validated
-from reagent_lite.training.steps import StepRunner
+from reagent_lite.training.steps import StepRunner, build_step_runner
 from reagent_lite.training.verify import (
     check_replicas,
     replica_digest,
@@ -171,7 +171,7 @@ class Workflow:
         if self.ctx.world_size > 1:
             # Several processes (also `dp` under torchrun): only DDP keeps them in sync.
             device_ids = [self.device.index] if self.device.type == "cuda" else None
-            # On the stream the step will be captured on (steps.py's notes say why).
+            # On the stream the step will be captured on (graphs.py's notes say why).
             with ddp_construction(self.device, self.cfg.cuda_graphs):
                 return nn.parallel.DistributedDataParallel(module, device_ids=device_ids)
         if (
@@ -227,21 +227,19 @@ class Workflow:
                     step_rows=self.sampler.batch_size * cfg.training.minibatches_per_step,
                     steps_per_epoch=self.steps_per_epoch,
                 )
-            self._runner = StepRunner(
+            self._runner = build_step_runner(
                 trainer=self.trainer,
                 cpe=self.cpe,
-                q_net=self.q_net,
+                ctx=self.ctx,
                 data=self.train_data,
                 sampler=self.sampler,
-                device=self.device,
                 steps_per_epoch=self.steps_per_epoch,
                 minibatches_per_step=cfg.training.minibatches_per_step,
                 # The sampler's batch: micro-batch size, or W of them when emulating W ranks.
                 minibatch_size=self.sampler.batch_size,
                 cuda_graphs=cfg.cuda_graphs,
                 resident=cfg.device_resident_data,
-                distributed_wrapper=self.q_net_ddp is not self.q_net,
-                chunk_source=self.disk,
+                disk=self.disk,
             )
         return self._runner
 
@@ -253,7 +251,7 @@ class Workflow:
             # resumed run draws exactly what an uninterrupted one would.
             torch.manual_seed(cfg.seed * 1_000_003 + epoch * 7919 + ctx.rank)
             self.q_net_ddp.train()
-            # Sets the epoch's index stream (and, the first time on CUDA, captures the step).
+            # Sets the epoch's batch stream (and, the first time on CUDA, captures the step).
             runner.begin_epoch(epoch)
             if epoch == self.start_epoch and ctx.is_rank_zero:
                 log.info("%s", runner.describe())
@@ -354,18 +352,15 @@ class Workflow:
                 ckpt.save_checkpoint(self.output_dir, epoch, self._checkpoint_state(epoch))
 
     def _evaluate(self, epoch: int) -> dict[str, Any]:
+        """Eval TD loss and CPE estimates of the current model (rank 0, plain modules)."""
         if self.eval_data is None:
             return {}
         out: dict[str, Any] = {}
-        # Only rank 0 evaluates: go around the DDP wrapper, whose forward may talk to peers.
-        wrapped, self.trainer.q_net = self.trainer.q_net, self.q_net
         self.q_net.eval()
         try:
-            with torch.no_grad():
-                td = [self.trainer.compute_loss(c).td_loss for c in self.eval_data.chunks(65_536)]
+            td = [self.trainer.eval_td_loss(c) for c in self.eval_data.chunks(65_536)]
         finally:
             self.q_net.train()
-            self.trainer.q_net = wrapped
         out["eval_td_loss"] = float(torch.stack(td).mean().item())
         if self.cpe is not None:
             out["cpe"] = evaluate_cpe(
