@@ -10,19 +10,23 @@ optionally the CUDA graph that replays it.
   on CUDA with `cuda_graphs: true`, one replay of the step captured by `graphs.GraphStep`;
   if capture is impossible or fails the runner says why and stays eager.
 
-`build_step_runner` picks the source and the step once, from the run's settings.
+`plan_steps` fixes the steps per epoch and the sampler; `build_step_runner` picks the
+source and the step once, from the run's settings.
 """
 
 from __future__ import annotations
 
+import logging
+import math
 from collections.abc import Callable
 from typing import Any
 
 import torch
 from torch import Tensor, nn
 
+from reagent_lite.config import BaseWorkflowConfig
 from reagent_lite.data.disk_stream import DiskShardStream
-from reagent_lite.data.sampler import EpochSampler
+from reagent_lite.data.sampler import EpochSampler, UnionSampler
 from reagent_lite.data.tensordict import TensorDict
 from reagent_lite.distributed.context import DistContext
 from reagent_lite.evaluation.cpe_models import CpeModelTrainer
@@ -37,6 +41,8 @@ from reagent_lite.training.sources import (
     StreamedRows,
     training_columns,
 )
+
+log = logging.getLogger("reagent_lite")
 
 # Rows per streamed chunk (rounded to whole steps): large enough that the per-chunk
 # handoff is noise, small enough that a few chunks fit any GPU next to the model.
@@ -183,3 +189,33 @@ def build_step_runner(
         why_eager = graph_blocker(update, ctx)
         graph = None if why_eager else GraphStep(update, source, ctx)
     return StepRunner(source, update, graph, why_eager)
+
+
+def plan_steps(
+    cfg: BaseWorkflowConfig, ctx: DistContext, local_rows: int, emulated: list[int] | None
+) -> tuple[int, EpochSampler]:
+    """Optimizer steps per epoch — the same on every rank: `training.steps_per_epoch`, or
+    one pass over the largest shard — and this rank's sampler. `local_rows`: this rank's
+    shard; `emulated`: the shards of the ranks emulated in this process, if any."""
+    micro, mps = cfg.training.minibatch_size, cfg.training.minibatches_per_step
+    sizes = emulated or ctx.all_gather_object(local_rows)
+    steps = cfg.training.steps_per_epoch or max(1, math.ceil(max(sizes) / (micro * mps)))
+    device = ctx.device if cfg.device_resident_data else "cpu"
+    sampler: EpochSampler
+    if emulated is not None:
+        log.info("emulating world size %d in one process", len(sizes))
+        sampler = UnionSampler(sizes, micro, steps * mps, cfg.seed, device)
+    else:
+        sampler = EpochSampler(local_rows, micro, steps * mps, cfg.seed, ctx.rank, device=device)
+    if ctx.is_rank_zero:
+        log.info(
+            "world size %d, shard rows %s, global batch %d (%d per process × %d micro-batches), "
+            "%d optimizer steps per epoch",
+            ctx.world_size,
+            sizes,
+            micro * mps * len(sizes),
+            micro,
+            mps,
+            steps,
+        )
+    return steps, sampler
