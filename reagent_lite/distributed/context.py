@@ -7,11 +7,15 @@ collective is a no-op, so single-process code paths need no special cases.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.distributed as dist
+from torch import Tensor
+
+from reagent_lite.torch_private import foreach_copy_
 
 
 @dataclass(frozen=True)
@@ -79,6 +83,27 @@ class DistContext:
         dist.all_gather_object(out, obj)
         return out
 
+    def all_agree(self, ok: bool) -> bool:
+        """True when `ok` is true on every rank (a MIN all-reduce): a decision every rank
+        must take together, such as replaying a CUDA graph that holds a collective."""
+        if not self.is_distributed:
+            return ok
+        flag = torch.tensor([1 if ok else 0], dtype=torch.int32, device=self._tensor_device())
+        dist.all_reduce(flag, op=dist.ReduceOp.MIN)
+        return bool(flag.item())
+
+    def heartbeat(self) -> None:
+        """A one-element all-reduce. A step whose collectives live inside a CUDA graph gives
+        NCCL's watchdog nothing to time out on; queued now and then, this one does, so a
+        dead peer still ends the job within `collective_timeout_s`."""
+        if self.is_distributed:
+            dist.all_reduce(torch.zeros(1, device=self._tensor_device()))
+
+    def gradient_average(self, params: Iterable[Tensor]) -> GradAverage:
+        """What DDP's reducer does to the gradients of `params`, as one callable made of
+        tensor ops and one all-reduce, so that it can be captured in a CUDA graph."""
+        return GradAverage(self, list(params))
+
     def barrier(self) -> None:
         """Wait until every rank gets here."""
         if self.is_distributed:
@@ -91,3 +116,32 @@ class DistContext:
     def _object_device(self) -> torch.device | None:
         # Object collectives pickle into a tensor; NCCL needs it on this rank's GPU.
         return self.device if self.backend == "nccl" else None
+
+    def _tensor_device(self) -> torch.device:
+        return self.device if self.backend == "nccl" else torch.device("cpu")
+
+
+def is_collective_error(err: BaseException) -> bool:
+    """True for the error a failed collective raises (a peer died, a timeout): the
+    launcher's to report, not a problem of the code that called the collective."""
+    return isinstance(err, dist.DistError)
+
+
+class GradAverage:
+    """Averages the gradients of `params` over the ranks, as DDP does (divide by the world
+    size, then sum): flattened into one buffer, one all-reduce, copied back. Called between
+    backward and the optimizer step (`QLearningTrainer.train_step(..., grad_sync=)`)."""
+
+    def __init__(self, ctx: DistContext, params: list[Tensor]):
+        self.ctx = ctx
+        self.params = [p for p in params if p.requires_grad]
+
+    def __call__(self) -> None:
+        grads = [p.grad for p in self.params if p.grad is not None]
+        if not grads:
+            return
+        flat = torch.cat([g.reshape(-1) for g in grads])
+        flat.div_(self.ctx.world_size)
+        self.ctx.all_reduce_sum(flat)
+        parts = flat.split([g.numel() for g in grads])
+        foreach_copy_(grads, [part.view_as(g) for part, g in zip(parts, grads, strict=True)])

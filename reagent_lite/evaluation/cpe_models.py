@@ -54,7 +54,11 @@ class CpeNets(nn.Module):
 
 
 class CpeModelTrainer:
-    """One optimizer step of both CPE models per training step of the Q-network."""
+    """One optimizer step of both CPE models per training step of the Q-network.
+
+    `nets` may be a DDP wrapper around the `CpeNets` (`plain`): `train_step` forwards
+    through it unless told to average the gradients itself (`grad_sync`), as
+    `QLearningTrainer.train_step` does."""
 
     def __init__(
         self,
@@ -69,24 +73,29 @@ class CpeModelTrainer:
     ):
         self.kind = kind
         self.nets = nets  # possibly DDP-wrapped CpeNets
-        self.target_value = copy.deepcopy(self._raw().value_net).requires_grad_(False)
-        self._soft_update = SoftUpdate(self.target_value, self._raw().value_net)
+        plain = unwrap(nets)
+        assert isinstance(plain, CpeNets)
+        self.plain: CpeNets = plain
+        self.target_value = copy.deepcopy(plain.value_net).requires_grad_(False)
+        self._soft_update = SoftUpdate(self.target_value, plain.value_net)
         self.gamma = gamma
         self.temperature = temperature
         self.tau = target_update_rate
         self.use_time_diff = use_time_diff
         self.optimizer = adam(nets.parameters(), learning_rate)
         self._params = list(nets.parameters())
-        # As `QLearningTrainer.grad_sync`: averages gradients over ranks between backward
-        # and step when no DDP wrapper does it.
-        self.grad_sync: Callable[[], None] | None = None
 
-    def _raw(self) -> CpeNets:
-        raw = unwrap(self.nets)
-        assert isinstance(raw, CpeNets)
-        return raw
+    def modules(self) -> list[nn.Module]:
+        """The modules a step changes (parameters and buffers)."""
+        return [self.plain, self.target_value]
 
-    def train_step(self, batch: TensorDict, q_net: nn.Module) -> Tensor:
+    def train_step(
+        self, batch: Any, q_net: nn.Module, grad_sync: Callable[[], None] | None = None
+    ) -> Tensor:
+        """One step of both models on `batch` (fields read as attributes: a `TensorDict`
+        or the step runner's `LazyBatch`); `q_net` (the plain Q-network, no gradient)
+        gives the policy whose value is fitted. With `grad_sync`, the forward goes through
+        `plain` and `grad_sync()` averages the gradients between backward and step."""
         kind = self.kind
         with torch.no_grad():
             q_next = kind.q_all(q_net, batch, next_state=True)
@@ -100,28 +109,28 @@ class CpeModelTrainer:
         idx = kind.logged_index(batch)
         valid = (idx >= 0).to(batch.reward.dtype)
         denom = valid.sum().clamp_min(1.0)
-        r_hat, q_hat = self.nets(batch, kind)
+        r_hat, q_hat = (self.nets if grad_sync is None else self.plain)(batch, kind)
         # Rows without a logged action count for nothing, even where the reward is not finite.
         reward_err = torch.where(valid > 0, gather_logged(r_hat, idx) - batch.reward, 0.0)
         value_err = F.smooth_l1_loss(gather_logged(q_hat, idx), target, reduction="none")
         value_err = torch.where(valid > 0, value_err, 0.0)
         loss = ((reward_err**2).sum() + value_err.sum()) / denom
         loss.backward()
-        if self.grad_sync is not None:
-            self.grad_sync()
+        if grad_sync is not None:
+            grad_sync()
         self.optimizer.step()
         self._soft_update(self.tau)
         return loss.detach()
 
     def state_dict(self) -> dict[str, Any]:
         return {
-            "nets": self._raw().state_dict(),
+            "nets": self.plain.state_dict(),
             "target_value": self.target_value.state_dict(),
             "optimizer": self.optimizer.state_dict(),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self._raw().load_state_dict(state["nets"])
+        self.plain.load_state_dict(state["nets"])
         self.target_value.load_state_dict(state["target_value"])
         load_optimizer_state(self.optimizer, state["optimizer"])
         self._soft_update.refresh()

@@ -263,12 +263,13 @@ BatchT = TypeVar("BatchT", bound=TransitionBatch)
 class QLearningTrainer(Generic[BatchT]):
     """Shared trainer: target net, optimizer, scheduler, loss, step and soft updates.
 
-    Subclasses implement `_q_logged` (Q of the logged action with grad, plus the scores of
-    the candidate set that CQL regularises), `_next_value` (value of the next state,
-    called without grad), `_reward` and `_terminal`.
+    Subclasses implement `_q_logged` (Q of the logged action with grad through a given
+    module, plus the scores of the candidate set that CQL regularises), `_next_value`
+    (value of the next state, called without grad), `_reward` and `_terminal`.
 
-    `q_net` may be a DDP/DP wrapper: the forward that needs gradients goes through it (so
-    its hooks run), grad-free forwards and the target copy use the unwrapped module.
+    `q_net` may be a DDP/DP wrapper around `online`: `train_step` forwards through it (so
+    its hooks run) unless told to average the gradients itself (`grad_sync`); grad-free
+    forwards, evaluation (`eval_td_loss`) and the target copy use the plain module.
     Train/eval mode is the caller's business; the target network always stays in eval.
     """
 
@@ -289,14 +290,15 @@ class QLearningTrainer(Generic[BatchT]):
         self.scheduler = torch.optim.lr_scheduler.ExponentialLR(self.optimizer, hparams.lr_decay)
         self._soft_update = SoftUpdate(self.target, self.online)
         self._optimized = [p for g in self.optimizer.param_groups for p in g["params"]]
-        # Set by a caller that averages gradients over ranks itself (a CUDA graph has no DDP
-        # hooks): runs once the step's gradients are accumulated, before clipping.
-        self.grad_sync: Callable[[], None] | None = None
+
+    def modules(self) -> list[nn.Module]:
+        """The modules a step changes (parameters and buffers): online and target."""
+        return [self.online, self.target]
 
     # -- the per-workflow part --------------------------------------------------------------
-    def _q_logged(self, batch: BatchT) -> tuple[torch.Tensor, torch.Tensor]:
-        """(Q of logged action [B], Q of the current candidates [B, K] — what CQL
-        regularises, masked by `batch.possible_actions_mask`)."""
+    def _q_logged(self, batch: BatchT, net: nn.Module) -> tuple[torch.Tensor, torch.Tensor]:
+        """(Q of logged action [B] by `net` (`q_net` or `online`), Q of the current
+        candidates [B, K] — what CQL regularises, masked by `batch.possible_actions_mask`)."""
         raise NotImplementedError
 
     def _next_value(self, batch: BatchT) -> torch.Tensor:
@@ -329,14 +331,15 @@ class QLearningTrainer(Generic[BatchT]):
             return torch.addcmul(self._reward(batch), not_done, next_value, value=discount)
         return self._reward(batch) + not_done * discount * next_value
 
-    def compute_loss(self, batch: BatchT) -> DQNLoss:
-        """TD loss + cql_alpha · CQL term; `total` carries the gradient, the rest are detached.
+    def compute_loss(self, batch: BatchT, *, net: nn.Module | None = None) -> DQNLoss:
+        """TD loss + cql_alpha · CQL term; `total` carries the gradient (through `net`,
+        by default `q_net`), the rest are detached.
 
         CQL (Kumar et al. 2020) here is logsumexp of Q over the *possible* actions minus Q of
         the logged action, averaged over the batch.
         """
         target = self.compute_target(batch)
-        q, candidate_q = self._q_logged(batch)
+        q, candidate_q = self._q_logged(batch, self.q_net if net is None else net)
         td = td_loss(q, target, self.hp.q_network_loss)
         if self.hp.cql_alpha > 0.0:
             # The mask is read only here: without CQL its rows are never gathered.
@@ -347,33 +350,45 @@ class QLearningTrainer(Generic[BatchT]):
             total = td
         return DQNLoss(td.detach(), cql.detach(), total, q.detach().mean())
 
-    def train_step(self, batches: Sequence[BatchT]) -> DQNLoss:
+    def train_step(
+        self, batches: Sequence[BatchT], grad_sync: Callable[[], None] | None = None
+    ) -> DQNLoss:
         """One optimizer step over `batches` (the `minibatches_per_step` micro-batches).
 
         Gradients of equal-sized micro-batches are accumulated with each loss divided by
-        their number, which equals one step on their union. Under DDP the all-reduce runs
-        only on the last micro-batch's backward.
+        their number, which equals one step on their union. Without `grad_sync` the forward
+        goes through `q_net` (under DDP the all-reduce runs only on the last micro-batch's
+        backward); with it, through the plain `online` module, and `grad_sync()` averages
+        the gradients over the ranks once they are accumulated, before clipping — what a
+        CUDA graph, which cannot hold DDP's hooks, does.
         """
         n = len(batches)
         if n == 0:
             raise ValueError("train_step needs at least one batch")
+        net = self.q_net if grad_sync is None else self.online
         for p in self._optimized:  # = optimizer.zero_grad(set_to_none=True), minus its wrapper
             p.grad = None
         records = []
-        no_sync = getattr(self.q_net, "no_sync", None)
+        no_sync = getattr(net, "no_sync", None)
         for i, batch in enumerate(batches):
             ctx = no_sync() if (no_sync is not None and i < n - 1) else contextlib.nullcontext()
             with ctx:
-                record = self.compute_loss(batch)
+                record = self.compute_loss(batch, net=net)
                 (record.total / n if n > 1 else record.total).backward()
             records.append(record.detach())
-        if self.grad_sync is not None:
-            self.grad_sync()
+        if grad_sync is not None:
+            grad_sync()
         if self.hp.clip_grad_norm is not None:
             torch.nn.utils.clip_grad_norm_(self.online.parameters(), self.hp.clip_grad_norm)
         self.optimizer.step()
         self._soft_update(self.hp.target_update_rate)
         return DQNLoss.mean(records)
+
+    @torch.no_grad()
+    def eval_td_loss(self, batch: BatchT) -> torch.Tensor:
+        """The TD loss of `batch` through the plain module (no wrapper, whose forward may
+        talk to other ranks: evaluation runs on one rank). Mode is the caller's business."""
+        return self.compute_loss(batch, net=self.online).td_loss
 
     def on_epoch_end(self) -> None:
         """Per-epoch learning-rate decay (`lr_decay`)."""

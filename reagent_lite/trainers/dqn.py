@@ -109,8 +109,8 @@ class DQNTrainer(QLearningTrainer[DiscreteBatch]):
             return batch.reward
         return batch.reward + self.reward_boost[batch.action]
 
-    def _q_logged(self, batch: DiscreteBatch) -> tuple[torch.Tensor, torch.Tensor]:
-        q_all = self.q_net(batch.state)
+    def _q_logged(self, batch: DiscreteBatch, net: nn.Module) -> tuple[torch.Tensor, torch.Tensor]:
+        q_all = net(batch.state)
         return q_all.gather(1, batch.action.unsqueeze(1)).squeeze(1), q_all
 
     def _next_value(self, batch: DiscreteBatch) -> torch.Tensor:

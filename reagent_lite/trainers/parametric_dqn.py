@@ -73,12 +73,14 @@ class ParametricDQNTrainer(QLearningTrainer[ParametricBatch]):
         no_next = (batch.possible_next_actions_mask > 0).any(dim=1).logical_not()
         return torch.maximum(batch.terminal, no_next.to(batch.terminal.dtype))
 
-    def _q_logged(self, batch: ParametricBatch) -> tuple[torch.Tensor, torch.Tensor]:
+    def _q_logged(
+        self, batch: ParametricBatch, net: nn.Module
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         logged = batch.action.unsqueeze(1)
         if self.hp.cql_alpha > 0.0:
-            scores = self.q_net(batch.state, torch.cat([logged, batch.possible_actions], dim=1))
+            scores = net(batch.state, torch.cat([logged, batch.possible_actions], dim=1))
             return scores[:, 0], scores[:, 1:]
-        q = self.q_net(batch.state, logged)[:, 0]
+        q = net(batch.state, logged)[:, 0]
         return q, q.unsqueeze(1)
 
     def _next_value(self, batch: ParametricBatch) -> torch.Tensor:

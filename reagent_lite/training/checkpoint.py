@@ -1,14 +1,31 @@
-"""Per-epoch checkpoints: everything needed to continue a run exactly where it stopped."""
+"""Per-epoch checkpoints: everything needed to continue a run exactly where it stopped;
+reading them back (`--resume`) and warm-starting from a previous run's model state.
+
+A checkpoint holds the Q-network, the trainer (target network, optimizer, scheduler), the
+CPE side models, model selection's best so far, the metrics history and the feature space.
+The sampler's index stream is a pure function of (seed, rank, epoch), so resuming at the
+next epoch boundary needs nothing more than the epoch number.
+"""
 
 from __future__ import annotations
 
+import logging
 import re
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
+from torch import nn
 
+from reagent_lite.distributed.context import DistContext
+from reagent_lite.errors import ConfigError
+from reagent_lite.evaluation.cpe_models import CpeModelTrainer
 from reagent_lite.io_utils import atomic_write
+from reagent_lite.trainers.common import QLearningTrainer
+from reagent_lite.training.graphs import plain_lr
+
+log = logging.getLogger("reagent_lite")
 
 _NAME = re.compile(r"^epoch_(\d+)\.pt$")
 
@@ -45,3 +62,125 @@ def load_checkpoint(path: Path) -> dict[str, Any]:
     # restricted weights-only unpickler is too strict for them.
     state: dict[str, Any] = torch.load(path, map_location="cpu", weights_only=False)
     return state
+
+
+def run_state(
+    *,
+    epoch: int,
+    global_step: int,
+    q_net: nn.Module,
+    trainer: QLearningTrainer[Any],
+    cpe: CpeModelTrainer | None,
+    best: dict[str, Any],
+    history: list[dict[str, Any]],
+    space: dict[str, Any],
+) -> dict[str, Any]:
+    """What `save_checkpoint` writes after `epoch` (`space`: `FeatureSpace.to_json()`)."""
+    # Learning rates as floats even where a CUDA graph reads them from a tensor.
+    trainer_state = trainer.state_dict()
+    trainer_state["optimizer"] = plain_lr(trainer_state["optimizer"])
+    cpe_state = None
+    if cpe is not None:
+        cpe_state = cpe.state_dict()
+        cpe_state["optimizer"] = plain_lr(cpe_state["optimizer"])
+    return {
+        "epoch": epoch,
+        "global_step": global_step,
+        "q_net": q_net.state_dict(),
+        "trainer": trainer_state,
+        "cpe": cpe_state,
+        "best": best,
+        "history": history,
+        "space": space,
+    }
+
+
+@dataclass
+class Resumed:
+    """What a run continues from: the checkpoint of its last finished `epoch`."""
+
+    path: Path
+    epoch: int
+    global_step: int
+    best: dict[str, Any]
+    history: list[dict[str, Any]]
+
+
+def restore(
+    ctx: DistContext,
+    output_dir: Path,
+    *,
+    space: dict[str, Any],
+    q_net: nn.Module,
+    trainer: QLearningTrainer[Any],
+    cpe: CpeModelTrainer | None,
+) -> Resumed | None:
+    """Loads the newest checkpoint under `output_dir` into the networks, trainer and CPE
+    models (None: there is none); a file that is not one, or one made for another network
+    or other features, is a `ConfigError`."""
+    # Rank 0 chooses and every rank loads that file: on NFS another node's cached
+    # directory listing may not show the newest checkpoint yet, and replicas resumed
+    # from different epochs would silently diverge (DDP only syncs at construction).
+    path = ctx.broadcast_object(latest_checkpoint(output_dir) if ctx.is_rank_zero else None)
+    if path is None:
+        return None
+    what = f"--resume: checkpoint {path}"
+    state = read_state(path, what, "a checkpoint written by a reagent-lite run")
+    if not isinstance(state, dict) or "space" not in state or "q_net" not in state:
+        raise ConfigError(f"{what} is not a reagent-lite checkpoint")
+    if state["space"] != space:
+        raise ConfigError(f"{what} was made for other features/actions than this data")
+    fit(q_net, state["q_net"], what)
+    trainer.load_state_dict(state["trainer"])
+    if cpe is not None and state["cpe"] is not None:
+        fit(cpe, state["cpe"], what)
+    return Resumed(path, state["epoch"], state["global_step"], state["best"], state["history"])
+
+
+def warm_start(q_net: nn.Module, setting: str | None) -> None:
+    """Loads the Q-network of a previous run (`training.warm_start_model_path`: its output
+    directory or its model_state.pt) into `q_net`."""
+    if not setting:
+        return
+    file = Path(setting)
+    if file.is_dir():
+        file = file / "model_state.pt"
+    if not file.is_file():
+        raise ConfigError(
+            f"training.warm_start_model_path: no model state at '{file}' "
+            "(expected a previous run's output directory or its model_state.pt)"
+        )
+    what = f"training.warm_start_model_path: '{file}'"
+    state = read_state(file, what, "a model_state.pt written by a reagent-lite run")
+    if not isinstance(state, dict) or "q_net" not in state:
+        raise ConfigError(
+            f"{what} holds no Q-network state (expected a model_state.pt written by a "
+            "reagent-lite run, a dict with a 'q_net' entry)"
+        )
+    fit(q_net, state["q_net"], what)
+    log.info("warm-started the Q-network from %s", file)
+
+
+def read_state(path: Path, what: str, expected: str) -> Any:
+    """One of our own state files; a file that is not one (truncated, empty, another
+    format) is a `ConfigError`."""
+    try:
+        return load_checkpoint(path)
+    except Exception as err:  # EOFError, UnpicklingError, RuntimeError (zip), OSError, ...
+        first = (str(err).splitlines() or [type(err).__name__])[0]
+        raise ConfigError(
+            f"{what} cannot be read ({type(err).__name__}: {first}); expected {expected}"
+        ) from err
+
+
+def fit(module: Any, state: Any, what: str) -> None:
+    """module.load_state_dict(state), a mismatch named: which tensors differ and how."""
+    try:
+        module.load_state_dict(state)
+    except (RuntimeError, KeyError, TypeError) as err:
+        lines = [ln.strip() for ln in str(err).splitlines() if ln.strip()]
+        detail = "; ".join(lines[1:4] if len(lines) > 1 else lines)
+        raise ConfigError(
+            f"{what} does not fit this network (layers, activations or features differ "
+            f"from the run that wrote it): {detail}"
+        ) from err

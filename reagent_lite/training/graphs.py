@@ -1,29 +1,194 @@
-"""CUDA-graph plumbing of the training step (`steps.StepRunner` captures with it).
+"""The training step as one CUDA graph: `GraphStep`, a wrapper around the plain step.
 
-* Optimizers: capture needs Adam(W) with `capturable` state on the device and, for a
-  learning rate the scheduler changes between replays, a tensor lr (`make_capturable`);
-  checkpoints store the portable form (`plain_lr`), so a graph run resumes anywhere.
-* Streams: autograd runs a node's backward on the stream the node was made on, so DDP is
-  built (`ddp_construction`) on the stream the step is warmed up and captured on
-  (`capture_stream`).
-* Several processes: `GradAllReduce` averages the gradients inside the graph (one flat
-  buffer, NCCL), in place of DDP's host-side reducer.
-* `WarmupSnapshot` undoes the eager warm-up steps run before capture.
+`GraphStep(step, source, ctx)` takes the plain step (`steps.Update`: the trainer's
+optimizer step and the CPE side models' step, called on a list of micro-batches) and a
+batch source. `capture()` runs a few eager steps on a side stream so that lazily created
+state (Adam moments, cuBLAS workspaces) exists, captures one step reading the source's
+static buffers (`BatchSource.static()`), then undoes the warm-up (`WarmupSnapshot`). From
+then on a step is the source's `stage()` and one `replay()`: index lookup, gathers,
+forwards, backward, fused Adam, soft target update and CPE step cost one launch instead of
+a few hundred. When capture is impossible (`graph_blocker`) or fails, `StepRunner` stays
+eager and says why.
+
+Several processes (DDP over NCCL): DDP's reducer works on the host and cannot live in a
+graph, so the captured step is the plain step told to average the gradients itself — the
+trainers forward through their plain modules, and between backward and the optimizer step
+one flat buffer per optimizer is all-reduced by NCCL inside the graph
+(`DistContext.gradient_average`). The DDP wrapper stays for what it did at construction
+(rank 0's parameters broadcast, so replicas start identical) and for the eager fallback,
+which every rank takes if capture fails on any rank (`DistContext.all_agree`); a failure
+in the eager warm-up steps, whose all-reduces run, stops the run (`_warmup_failed`). DDP
+keeps the parameters' AccumulateGrad nodes alive, and autograd accumulates on the stream a
+node was made on: made on the default stream, the captured backward would have to sync
+with it, which invalidates the capture. So DDP is built (`ddp_construction`) on the stream
+the step is warmed up and captured on (`capture_stream`). An eager heartbeat all-reduce
+every `_HEARTBEAT_STEPS` replays gives NCCL's watchdog something to time out on, so a dead
+peer still ends the job within `collective_timeout_s`. CPU / gloo runs never capture.
+
+The plumbing: capture needs Adam(W) with `capturable` state on the device and, for a
+learning rate the scheduler changes between epochs, a tensor lr (`make_capturable`);
+checkpoints store the portable form (`plain_lr`), so a graph run resumes anywhere.
 """
 
 from __future__ import annotations
 
 import contextlib
+import logging
+import traceback
 from collections.abc import Iterator
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import torch
-import torch.distributed as dist
 from torch import Tensor, nn
 
-from reagent_lite.torch_private import foreach_copy_, silence_capturable_warning
+from reagent_lite.distributed.context import DistContext, is_collective_error
+from reagent_lite.errors import TrainingError
+from reagent_lite.torch_private import silence_capturable_warning
+from reagent_lite.training.sources import BatchSource, StaticRows
+
+if TYPE_CHECKING:
+    from reagent_lite.training.steps import Update
+
+log = logging.getLogger("reagent_lite")
+
+# Eager steps run before capture so that lazily created state exists; undone afterwards.
+_WARMUP_STEPS = 3
+# Replays between the eager heartbeat all-reduces of a multi-process graph: well inside the
+# host's queue of pending launches, so one is queued before the host could block on a dead
+# peer; a one-element all-reduce per 64 steps costs well under 0.1%.
+_HEARTBEAT_STEPS = 64
 
 
+def graph_blocker(step: Update, ctx: DistContext) -> str:
+    """Why `step` cannot be captured ("" when it can)."""
+    if isinstance(step.trainer.q_net, nn.DataParallel):
+        return "the network is wrapped by DataParallel (its steps run eagerly)"
+    if ctx.world_size > 1 and ctx.backend != "nccl":
+        return f"DDP over {ctx.backend}: only NCCL all-reduces can be captured"
+    if not all(adam_family(o) for o in step.optimizers()):
+        return f"optimizer {type(step.trainer.optimizer).__name__} is not Adam/AdamW"
+    return ""
+
+
+class GraphStep:
+    """The plain `step` captured as one CUDA graph reading `source`'s static buffers."""
+
+    def __init__(self, step: Update, source: BatchSource, ctx: DistContext) -> None:
+        self.ctx = ctx
+        self.ranks = ctx.world_size
+        # Over several ranks the graph averages the gradients itself (module notes).
+        self.step = step.averaging_gradients(ctx) if self.ranks > 1 else step
+        self.source = source
+        self.graph: torch.cuda.CUDAGraph | None = None
+        self._static: StaticRows | None = None
+        self._lr: list[Tensor] = []
+        self._replays = 0
+
+    def describe(self) -> str:
+        what = "one CUDA graph per step"
+        if self.ranks > 1:
+            what += f" (gradients all-reduced inside the graph over {self.ranks} ranks)"
+        return what
+
+    def _body(self) -> None:
+        """What is captured: the plain step on the static buffers' next rows."""
+        assert self._static is not None
+        self.step(self._static.batches())
+
+    def capture(self) -> str:
+        """Warm up, capture, undo the warm-up (after the source's `begin_epoch`). Returns
+        "" when the graph is ready, else why the steps stay eager — capture failed here or
+        on another rank. Over several ranks a warm-up failure raises (`_warmup_failed`)."""
+        device, several = self.ctx.device, self.ranks > 1
+        trainer, optimizers = self.step.trainer, self.step.optimizers()
+        # Capturable first: it may move step counters, which the snapshot must then hold.
+        for opt in optimizers:
+            make_capturable(opt, device, lr_tensor=opt is trainer.optimizer)
+        self._lr = [g["lr"] for g in trainer.optimizer.param_groups]
+        snapshot = WarmupSnapshot(self.step.modules(), optimizers)
+        failure, phase = "", "warm-up"
+        try:
+            self._static = self.source.static()
+            # Multi-process: on DDP's construction stream (module notes).
+            side = capture_stream(device) if several else torch.cuda.Stream(device)
+            side.wait_stream(torch.cuda.current_stream(device))
+            with torch.cuda.stream(side):
+                for _ in range(_WARMUP_STEPS):
+                    self._static.rewind()
+                    self._body()
+            torch.cuda.current_stream(device).wait_stream(side)
+            for opt in optimizers:
+                opt.zero_grad(set_to_none=True)
+            torch.cuda.synchronize(device)
+            phase = "capture"
+            graph = torch.cuda.CUDAGraph()
+            # Thread-local: NCCL's watchdog thread queries events while we capture.
+            mode = "thread_local" if several else "global"
+            with torch.cuda.graph(graph, stream=side if several else None, capture_error_mode=mode):
+                self._body()
+        except Exception as err:  # a capture problem: eager is always correct (one rank)
+            if is_collective_error(err):
+                raise  # a collective failed (a peer died): the launcher's error, not ours
+            failure = f"CUDA graph {phase} failed: {_summary(err)}"
+            if several and phase == "warm-up":
+                raise self._warmup_failed(failure) from err
+        torch.cuda.synchronize(device)
+        if failure:
+            log.warning("cuda_graphs: %s; training eagerly", failure)
+        if several and not self.ctx.all_agree(not failure) and not failure:
+            failure = "CUDA graph capture failed on another rank (its log says why)"
+            log.warning("cuda_graphs: %s; training eagerly", failure)
+        snapshot.restore()
+        if failure:
+            self._static = None
+            self.source.release_static()
+            return failure
+        assert self._static is not None
+        self._static.rewind()
+        self.graph = graph
+        return ""
+
+    def _warmup_failed(self, failure: str) -> TrainingError:
+        """Before capture, the ranks run eager steps whose gradient all-reduces execute: a
+        rank that failed there cannot fall back alone — its peers wait inside one, and the
+        all-reduce that would agree on the fallback would pair with theirs. So it stops the
+        run; the launcher ends the node's other ranks, other nodes' time out."""
+        return TrainingError(
+            f"cuda_graphs: {failure} on rank {self.ctx.rank} of {self.ranks}, in an "
+            "eager step before capture: the other ranks may be inside its gradient "
+            "all-reduce, so this rank cannot fall back to eager training alone and the run "
+            "stops (with `cuda_graphs: false` every rank trains eagerly from the start)"
+        )
+
+    def begin_epoch(self) -> None:
+        """The scheduler may have put a float where the graph reads a tensor: copy it back."""
+        groups = self.step.trainer.optimizer.param_groups
+        for group, lr in zip(groups, self._lr, strict=True):
+            if group["lr"] is not lr:
+                lr.fill_(float(group["lr"]))
+                group["lr"] = lr
+
+    def __call__(self) -> None:
+        """One optimizer step: the source stages its rows, the graph replays."""
+        assert self.graph is not None
+        self.source.stage()
+        self.graph.replay()
+        if self.ranks > 1:
+            self._replays += 1
+            if self._replays % _HEARTBEAT_STEPS == 0:
+                self.ctx.heartbeat()
+
+
+def _summary(err: Exception) -> str:
+    """The error's type, first line and innermost frame, for a one-line warning."""
+    frames = traceback.extract_tb(err.__traceback__)
+    at = f" (at {Path(frames[-1].filename).name}:{frames[-1].lineno})" if frames else ""
+    first = (str(err).splitlines() or [""])[0]
+    return f"{type(err).__name__}: {first}{at}"
+
+
+# ---------------------------------------------------------------------------- plumbing
 def adam_family(opt: torch.optim.Optimizer) -> bool:
     return type(opt) in (torch.optim.Adam, torch.optim.AdamW)
 
@@ -82,26 +247,6 @@ def ddp_construction(device: torch.device, cuda_graphs: bool) -> Iterator[None]:
     with torch.cuda.stream(stream):
         yield
     current.wait_stream(stream)  # DDP's initial broadcast lands before anything reads
-
-
-class GradAllReduce:
-    """Averages the gradients of `params` over the default process group, as DDP does
-    (divide by the world size, then sum): flattened into one buffer, one all-reduce, copied
-    back. Plain tensor ops and one NCCL call, so it can be captured in a CUDA graph."""
-
-    def __init__(self, params: list[Tensor], world_size: int):
-        self.params = [p for p in params if p.requires_grad]
-        self.world_size = world_size
-
-    def __call__(self) -> None:
-        grads = [p.grad for p in self.params if p.grad is not None]
-        if not grads:
-            return
-        flat = torch.cat([g.reshape(-1) for g in grads])
-        flat.div_(self.world_size)
-        dist.all_reduce(flat, op=dist.ReduceOp.SUM)
-        parts = flat.split([g.numel() for g in grads])
-        foreach_copy_(grads, [part.view_as(g) for part, g in zip(parts, grads, strict=True)])
 
 
 class WarmupSnapshot:

@@ -1,12 +1,13 @@
 """The one training loop both workflows share: setup / train / save / cleanup.
 
 A `Workflow` runs inside every rank. It asks its `DistContext` only for collectives and
-for `is_rank_zero`; the kind (dqn or parametric_dqn) supplies tensors and networks.
+for `is_rank_zero`; the kind (dqn or parametric_dqn) supplies tensors and networks, the
+step runner (`steps.py`) the optimizer steps, `checkpoint.py` saving and resuming,
+`selection.py` the model that is exported.
 """
 
 from __future__ import annotations
 
-import copy
 import logging
 import math
 import time
@@ -19,10 +20,9 @@ from tqdm import tqdm
 
 from reagent_lite.config import WorkflowConfig
 from reagent_lite.data.disk_stream import DiskShardStream
-from reagent_lite.data.sampler import EpochSampler, UnionSampler
 from reagent_lite.data.tensordict import TensorDict
 from reagent_lite.distributed.context import DistContext
-from reagent_lite.errors import ConfigError, TrainingError
+from reagent_lite.errors import TrainingError
 from reagent_lite.evaluation.cpe_models import CpeModelTrainer, CpeNets
 from reagent_lite.evaluation.evaluator import evaluate_cpe
 from reagent_lite.export import RunResult, write_outputs
@@ -30,16 +30,13 @@ from reagent_lite.kinds import EVAL_ONLY_FIELDS, FeatureSpace, Kind, get_kind
 from reagent_lite.normalization.module import Preprocessor
 from reagent_lite.normalization.params import NormalizationParameters
 from reagent_lite.training import checkpoint as ckpt
-from reagent_lite.training.graphs import ddp_construction, plain_lr
+from reagent_lite.training.graphs import ddp_construction
 from reagent_lite.training.host_memory import keep_freed_memory
 from reagent_lite.training.metrics import MetricsWriter
+from reagent_lite.training.selection import ModelSelection
 from reagent_lite.training.shard import load_training_shard
-from reagent_lite.training.steps import StepRunner
-from reagent_lite.training.verify import (
-    check_replicas,
-    replica_digest,
-    verify_every,
-)
+from reagent_lite.training.steps import StepRunner, build_step_runner, plan_steps
+from reagent_lite.training.verify import check_replicas, replica_digest, verify_every
 
 log = logging.getLogger("reagent_lite")
 
@@ -68,7 +65,7 @@ class Workflow:
         self.metrics: MetricsWriter | None = None
         self.start_epoch = 0
         self.global_step = 0
-        self.best: dict[str, Any] = {"epoch": -1, "score": math.inf, "state": None}
+        self.selection = ModelSelection(cfg.evaluation.model_selection)
         self.history: list[dict[str, Any]] = []
         self._runner: StepRunner | None = None
         # Debug switches (training/verify.py); read once so the hot loop only tests an int.
@@ -92,7 +89,7 @@ class Workflow:
         self.eval_data = self._eval_tensors() if ctx.is_rank_zero else None
         dims = {name: p.out_dim for name, p in self.pre.items()}
         self.q_net = self.kind.build_q_network(cfg, dims, self.space).to(self.device)
-        self._warm_start()
+        ckpt.warm_start(self.q_net, cfg.training.warm_start_model_path)
         self.q_net_ddp = self._wrap(self.q_net)
         self.trainer = self.kind.build_trainer(self.q_net_ddp, cfg, self.space, self.q_net)
         if cfg.training.scale_lr_with_world_size:
@@ -145,33 +142,11 @@ class Workflow:
         raw = self.kind.load_table(self.cfg, self.space, path)
         return self.kind.training_tensors(raw, self.pre).to(self.device)
 
-    def _warm_start(self) -> None:
-        path = self.cfg.training.warm_start_model_path
-        if not path:
-            return
-        file = Path(path)
-        if file.is_dir():
-            file = file / "model_state.pt"
-        if not file.is_file():
-            raise ConfigError(
-                f"training.warm_start_model_path: no model state at '{file}' "
-                "(expected a previous run's output directory or its model_state.pt)"
-            )
-        what = f"training.warm_start_model_path: '{file}'"
-        state = _read_state(file, what, "a model_state.pt written by a reagent-lite run")
-        if not isinstance(state, dict) or "q_net" not in state:
-            raise ConfigError(
-                f"{what} holds no Q-network state (expected a model_state.pt written by a "
-                "reagent-lite run, a dict with a 'q_net' entry)"
-            )
-        _fit(self.q_net, state["q_net"], what)
-        log.info("warm-started the Q-network from %s", file)
-
     def _wrap(self, module: nn.Module, *, data_parallel: bool = True) -> nn.Module:
         if self.ctx.world_size > 1:
             # Several processes (also `dp` under torchrun): only DDP keeps them in sync.
             device_ids = [self.device.index] if self.device.type == "cuda" else None
-            # On the stream the step will be captured on (steps.py's notes say why).
+            # On the stream the step will be captured on (graphs.py's notes say why).
             with ddp_construction(self.device, self.cfg.cuda_graphs):
                 return nn.parallel.DistributedDataParallel(module, device_ids=device_ids)
         if (
@@ -184,38 +159,10 @@ class Workflow:
         return module
 
     def _plan_steps(self) -> None:
-        cfg, ctx = self.cfg, self.ctx
-        micro, mps = cfg.training.minibatch_size, cfg.training.minibatches_per_step
         local = self.disk.num_rows if self.disk is not None else len(self.train_data)
-        sizes = self.emulated_shards or ctx.all_gather_object(local)
-        self.steps_per_epoch = cfg.training.steps_per_epoch or max(
-            1, math.ceil(max(sizes) / (micro * mps))
+        self.steps_per_epoch, self.sampler = plan_steps(
+            self.cfg, self.ctx, local, self.emulated_shards
         )
-        device = self.device if cfg.device_resident_data else "cpu"
-        self.sampler: EpochSampler
-        if self.emulated_shards is not None:
-            log.info("emulating world size %d in one process", len(sizes))
-            self.sampler = UnionSampler(sizes, micro, self.steps_per_epoch * mps, cfg.seed, device)
-        else:
-            self.sampler = EpochSampler(
-                local,
-                micro,
-                self.steps_per_epoch * mps,
-                cfg.seed,
-                ctx.rank,
-                device=device,
-            )
-        if ctx.is_rank_zero:
-            log.info(
-                "world size %d, shard rows %s, global batch %d (%d per process × %d micro-batches), "
-                "%d optimizer steps per epoch",
-                ctx.world_size,
-                sizes,
-                micro * mps * len(sizes),
-                micro,
-                mps,
-                self.steps_per_epoch,
-            )
 
     # ------------------------------------------------------------------ train
     def step_runner(self) -> StepRunner:
@@ -227,21 +174,19 @@ class Workflow:
                     step_rows=self.sampler.batch_size * cfg.training.minibatches_per_step,
                     steps_per_epoch=self.steps_per_epoch,
                 )
-            self._runner = StepRunner(
+            self._runner = build_step_runner(
                 trainer=self.trainer,
                 cpe=self.cpe,
-                q_net=self.q_net,
+                ctx=self.ctx,
                 data=self.train_data,
                 sampler=self.sampler,
-                device=self.device,
                 steps_per_epoch=self.steps_per_epoch,
                 minibatches_per_step=cfg.training.minibatches_per_step,
                 # The sampler's batch: micro-batch size, or W of them when emulating W ranks.
                 minibatch_size=self.sampler.batch_size,
                 cuda_graphs=cfg.cuda_graphs,
                 resident=cfg.device_resident_data,
-                distributed_wrapper=self.q_net_ddp is not self.q_net,
-                chunk_source=self.disk,
+                disk=self.disk,
             )
         return self._runner
 
@@ -253,7 +198,7 @@ class Workflow:
             # resumed run draws exactly what an uninterrupted one would.
             torch.manual_seed(cfg.seed * 1_000_003 + epoch * 7919 + ctx.rank)
             self.q_net_ddp.train()
-            # Sets the epoch's index stream (and, the first time on CUDA, captures the step).
+            # Sets the epoch's batch stream (and, the first time on CUDA, captures the step).
             runner.begin_epoch(epoch)
             if epoch == self.start_epoch and ctx.is_rank_zero:
                 log.info("%s", runner.describe())
@@ -339,7 +284,7 @@ class Workflow:
         }
         if ctx.is_rank_zero:
             record.update(self._evaluate(epoch))
-            self._select(epoch, record)
+            self.selection.offer(epoch, record, self.q_net)
             self.history.append(record)
             assert self.metrics is not None
             self.metrics.write(record)
@@ -354,18 +299,15 @@ class Workflow:
                 ckpt.save_checkpoint(self.output_dir, epoch, self._checkpoint_state(epoch))
 
     def _evaluate(self, epoch: int) -> dict[str, Any]:
+        """Eval TD loss and CPE estimates of the current model (rank 0, plain modules)."""
         if self.eval_data is None:
             return {}
         out: dict[str, Any] = {}
-        # Only rank 0 evaluates: go around the DDP wrapper, whose forward may talk to peers.
-        wrapped, self.trainer.q_net = self.trainer.q_net, self.q_net
         self.q_net.eval()
         try:
-            with torch.no_grad():
-                td = [self.trainer.compute_loss(c).td_loss for c in self.eval_data.chunks(65_536)]
+            td = [self.trainer.eval_td_loss(c) for c in self.eval_data.chunks(65_536)]
         finally:
             self.q_net.train()
-            self.trainer.q_net = wrapped
         out["eval_td_loss"] = float(torch.stack(td).mean().item())
         if self.cpe is not None:
             out["cpe"] = evaluate_cpe(
@@ -380,56 +322,29 @@ class Workflow:
             )
         return out
 
-    def _select(self, epoch: int, record: dict[str, Any]) -> None:
-        """Keeps the model the configured offline criterion prefers (lower score is better)."""
-        criterion = self.cfg.evaluation.model_selection
-        if criterion == "td_error" and "eval_td_loss" in record:
-            score = record["eval_td_loss"]
-        elif criterion == "cpe" and "cpe" in record:
-            # Raw, not normalized: dividing by a negative logged value would flip the
-            # order, and a zero one gives None. None (no estimate) never wins.
-            dr = record["cpe"]["doubly_robust"]["raw"]
-            score = -dr if dr is not None else math.inf
-        else:
-            score = -float(epoch)  # "last", or no eval data: the newest model wins
-        if score <= self.best["score"] or not math.isfinite(self.best["score"]):
-            self.best = {
-                "epoch": epoch,
-                "score": score,
-                "state": {k: v.detach().cpu().clone() for k, v in self.q_net.state_dict().items()},
-            }
-
     # ------------------------------------------------------------ checkpoints
     def _checkpoint_state(self, epoch: int) -> dict[str, Any]:
-        return {
-            "epoch": epoch,
-            "global_step": self.global_step,
-            "q_net": self.q_net.state_dict(),
-            # Learning rates as floats even where a CUDA graph reads them from a tensor.
-            "trainer": {
-                **(trainer := self.trainer.state_dict()),
-                "optimizer": plain_lr(trainer["optimizer"]),
-            },
-            "cpe": (
-                {**(cpe := self.cpe.state_dict()), "optimizer": plain_lr(cpe["optimizer"])}
-                if self.cpe is not None
-                else None
-            ),
-            # The sampler's index stream is a pure function of (seed, rank, epoch): resuming
-            # at the next epoch boundary needs nothing more than the epoch number.
-            "best": self.best,
-            "history": self.history,
-            "space": self.space.to_json(),
-        }
+        return ckpt.run_state(
+            epoch=epoch,
+            global_step=self.global_step,
+            q_net=self.q_net,
+            trainer=self.trainer,
+            cpe=self.cpe,
+            best=self.selection.best,
+            history=self.history,
+            space=self.space.to_json(),
+        )
 
     def _restore(self) -> None:
-        # Rank 0 chooses and every rank loads that file: on NFS another node's cached
-        # directory listing may not show the newest checkpoint yet, and replicas resumed
-        # from different epochs would silently diverge (DDP only syncs at construction).
-        path = self.ctx.broadcast_object(
-            ckpt.latest_checkpoint(self.output_dir) if self.ctx.is_rank_zero else None
+        resumed = ckpt.restore(
+            self.ctx,
+            self.output_dir,
+            space=self.space.to_json(),
+            q_net=self.q_net,
+            trainer=self.trainer,
+            cpe=self.cpe,
         )
-        if path is None:
+        if resumed is None:
             if self.ctx.is_rank_zero:
                 log.warning(
                     "--resume: no checkpoint under %s; starting from scratch", self.output_dir
@@ -437,33 +352,20 @@ class Workflow:
             if self.metrics is not None:
                 self.metrics.drop_after(-1)
             return
-        what = f"--resume: checkpoint {path}"
-        state = _read_state(path, what, "a checkpoint written by a reagent-lite run")
-        if not isinstance(state, dict) or "space" not in state or "q_net" not in state:
-            raise ConfigError(f"{what} is not a reagent-lite checkpoint")
-        if state["space"] != self.space.to_json():
-            raise ConfigError(f"{what} was made for other features/actions than this data")
-        _fit(self.q_net, state["q_net"], what)
-        self.trainer.load_state_dict(state["trainer"])
-        if self.cpe is not None and state["cpe"] is not None:
-            _fit(self.cpe, state["cpe"], what)
-        self.best = state["best"]
-        self.history = state["history"]
-        self.start_epoch = state["epoch"] + 1
-        self.global_step = state["global_step"]
+        self.selection.best = resumed.best
+        self.history = resumed.history
+        self.start_epoch = resumed.epoch + 1
+        self.global_step = resumed.global_step
         if self.metrics is not None:
             # Records of the epochs being redone (a crash mid-epoch, or after the last
             # checkpoint) would otherwise appear twice in metrics.jsonl and the report.
-            self.metrics.drop_after(state["epoch"])
+            self.metrics.drop_after(resumed.epoch)
         if self.ctx.is_rank_zero:
-            log.info("resumed from %s at epoch %d", path, self.start_epoch + 1)
+            log.info("resumed from %s at epoch %d", resumed.path, self.start_epoch + 1)
 
     # ------------------------------------------------------------------- save
     def final_model(self) -> nn.Module:
-        net = copy.deepcopy(self.q_net).cpu()
-        if self.best["state"] is not None:
-            net.load_state_dict(self.best["state"])
-        return net.eval()
+        return self.selection.model(self.q_net)
 
     def result(self) -> RunResult:
         """The finished run as export reads it (rank 0)."""
@@ -474,7 +376,7 @@ class Workflow:
             norm=self.norm,
             pre=self.pre,
             q_net=self.final_model(),
-            selected_epoch=self.best["epoch"],
+            selected_epoch=self.selection.epoch,
             history=tuple(self.history),
             world_size=self.ctx.world_size,
         )
@@ -485,7 +387,7 @@ class Workflow:
         model_path, online = write_outputs(self.result())
         if online is not None and self.metrics is not None:
             self.metrics.write(
-                {"epoch": self.best["epoch"], "steps": self.global_step, "online": online}
+                {"epoch": self.selection.epoch, "steps": self.global_step, "online": online}
             )
         return model_path
 
@@ -496,28 +398,3 @@ class Workflow:
             self._runner.close()  # a stream left open by an error: stop its worker first
         if self.disk is not None:
             self.disk.close()
-
-
-def _read_state(path: Path, what: str, expected: str) -> Any:
-    """One of our own state files; a file that is not one (truncated, empty, another
-    format) is a `ConfigError`."""
-    try:
-        return ckpt.load_checkpoint(path)
-    except Exception as err:  # EOFError, UnpicklingError, RuntimeError (zip), OSError, ...
-        first = (str(err).splitlines() or [type(err).__name__])[0]
-        raise ConfigError(
-            f"{what} cannot be read ({type(err).__name__}: {first}); expected {expected}"
-        ) from err
-
-
-def _fit(module: Any, state: Any, what: str) -> None:
-    """module.load_state_dict(state), a mismatch named: which tensors differ and how."""
-    try:
-        module.load_state_dict(state)
-    except (RuntimeError, KeyError, TypeError) as err:
-        lines = [ln.strip() for ln in str(err).splitlines() if ln.strip()]
-        detail = "; ".join(lines[1:4] if len(lines) > 1 else lines)
-        raise ConfigError(
-            f"{what} does not fit this network (layers, activations or features differ "
-            f"from the run that wrote it): {detail}"
-        ) from err

@@ -1,8 +1,9 @@
 """Chunks of training rows moved to the training device ahead of the step that reads them.
 
-Both streamed data paths of `StepRunner` end here: rows gathered from a shard held in host
-memory (`device_resident_data: false`, `ChunkPrefetcher.gathered`) and chunks read from
-disk (`stream_from_disk: true`, `ChunkPrefetcher.ready`). A worker thread prepares chunk
+Both streamed batch sources of the training step end here (`sources.HostStreamed`: rows
+gathered from a shard held in host memory, `device_resident_data: false`,
+`ChunkPrefetcher.gathered`; `sources.DiskStreamed`: chunks read from disk,
+`stream_from_disk: true`, `ChunkPrefetcher.ready`). A worker thread prepares chunk
 c+1 while the training thread trains on chunk c. On CUDA it writes the rows into one of two
 pinned host buffers (sized to `chunk_rows`, sliced for a shorter chunk) and copies them to
 the device on a side stream (`non_blocking`); the training thread's stream waits on the

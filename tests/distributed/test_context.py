@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 
 import pytest
 import torch
@@ -23,3 +24,52 @@ def test_context_is_frozen() -> None:
     ctx = DistContext.single()
     with pytest.raises(dataclasses.FrozenInstanceError):
         ctx.rank = 1  # type: ignore[misc]
+
+
+def test_single_context_step_collectives_are_noops() -> None:
+    ctx = DistContext.single("cpu")
+    assert ctx.all_agree(True) is True and ctx.all_agree(False) is False
+    ctx.heartbeat()
+    net = torch.nn.Linear(3, 2)
+    net(torch.ones(4, 3)).sum().backward()
+    grads = [p.grad.clone() for p in net.parameters() if p.grad is not None]
+    ctx.gradient_average(net.parameters())()  # an average over one rank
+    for p, g in zip(net.parameters(), grads, strict=True):
+        assert torch.equal(p.grad, g)
+
+
+def _agree_worker(rank: int, init: str, out: str) -> None:
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=2)
+    try:
+        ctx = DistContext(
+            rank=rank,
+            world_size=2,
+            local_rank=rank,
+            node_index=0,
+            procs_per_node=2,
+            device=torch.device("cpu"),
+            backend="gloo",
+        )
+        agreed = [ctx.all_agree(True), ctx.all_agree(rank == 0), ctx.all_agree(False)]
+        ctx.heartbeat()
+        t = torch.full((3,), float(rank + 1), requires_grad=True)
+        t.grad = torch.full((3,), float(rank + 1))
+        ctx.gradient_average([t])()
+        torch.save((agreed, t.grad), f"{out}/rank{rank}.pt")
+        dist.barrier()  # both done before either tears the gloo group down
+    finally:
+        dist.destroy_process_group()
+
+
+def test_step_collectives_over_gloo(tmp_path: Path) -> None:
+    """`all_agree` is true only when every rank says so; `gradient_average` averages."""
+    import torch.multiprocessing as mp
+
+    init = (tmp_path / "store").as_uri()
+    mp.start_processes(_agree_worker, args=(init, str(tmp_path)), nprocs=2, start_method="spawn")
+    for rank in range(2):
+        agreed, grad = torch.load(tmp_path / f"rank{rank}.pt")
+        assert agreed == [True, False, False]
+        assert grad.tolist() == [1.5, 1.5, 1.5]

@@ -138,3 +138,31 @@ def test_rows_without_a_logged_action_add_nothing_even_with_a_bad_reward() -> No
     for p, q in zip(bad.nets.parameters(), good.nets.parameters(), strict=True):
         assert torch.isfinite(p).all()
         torch.testing.assert_close(p, q, rtol=0, atol=0)
+
+
+class _Unusable(nn.Module):
+    """Stands in for a DDP wrapper whose forward must not run."""
+
+    def __init__(self, module: nn.Module) -> None:
+        super().__init__()
+        self.module = module
+
+    def forward(self, *args: object) -> object:
+        raise AssertionError("forward through the wrapper")
+
+
+def test_grad_sync_steps_the_plain_nets_and_runs_once() -> None:
+    torch.manual_seed(0)
+    nets = CpeNets(net(), net())
+    plain, wrapped = trainer(copy.deepcopy(nets)), trainer(_Unusable(copy.deepcopy(nets)))
+    assert isinstance(wrapped.plain, CpeNets)
+    q_net, data = net(), batch(1)
+    calls: list[int] = []
+    with pytest.raises(AssertionError, match="through the wrapper"):
+        wrapped.train_step(data, q_net)
+    want = plain.train_step(data, q_net)
+    got = wrapped.train_step(data, q_net, grad_sync=lambda: calls.append(1))
+    assert calls == [1]
+    torch.testing.assert_close(got, want)
+    for a, b in zip(plain.plain.parameters(), wrapped.plain.parameters(), strict=True):
+        torch.testing.assert_close(a, b)

@@ -292,3 +292,44 @@ def test_real_ddp_with_accumulation(tmp_path: object) -> None:
             torch.testing.assert_close(a, b, rtol=0, atol=1e-6)
     finally:
         dist.destroy_process_group()
+
+
+class _Unusable(_Wrapper):
+    """A wrapper whose forward must not run (as DDP's may talk to other ranks)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        raise AssertionError("forward through the wrapper")
+
+
+def test_grad_sync_goes_around_the_wrapper_and_runs_once_before_the_step() -> None:
+    torch.manual_seed(2)
+    inner = build_q_network(
+        in_dim=3, n_actions=2, layers=[-1, 8, -1], activations=["relu", "linear"]
+    )
+    plain = _trainer(copy.deepcopy(inner), clip_grad_norm=0.5, minibatches_per_step=2)
+    wrapped = _trainer(_Unusable(inner), clip_grad_norm=0.5, minibatches_per_step=2)
+    batch = random_discrete_batch(16, 3, 2)
+    halves = [slice_batch(batch, 0, 8), slice_batch(batch, 8, 16)]
+    seen: list[list[torch.Tensor]] = []
+
+    def sync() -> None:  # sees the accumulated, not yet clipped gradients
+        seen.append([p.grad.clone() for p in inner.parameters() if p.grad is not None])
+
+    with pytest.raises(AssertionError, match="through the wrapper"):
+        wrapped.train_step(halves)
+    want = plain.train_step(halves)
+    got = wrapped.train_step(halves, grad_sync=sync)
+    assert len(seen) == 1 and len(seen[0]) == len(list(inner.parameters()))
+    torch.testing.assert_close(got.total, want.total)
+    for a, b in zip(plain.online.parameters(), inner.parameters(), strict=True):
+        torch.testing.assert_close(a, b)
+
+
+def test_eval_td_loss_uses_the_plain_module_without_gradient() -> None:
+    torch.manual_seed(3)
+    inner = identity_q_net()
+    trainer = _trainer(_Unusable(inner))
+    batch = random_discrete_batch(8, 2, 2)
+    td = trainer.eval_td_loss(batch)
+    assert not td.requires_grad
+    torch.testing.assert_close(td, _trainer(copy.deepcopy(inner)).compute_loss(batch).td_loss)

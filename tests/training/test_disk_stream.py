@@ -139,11 +139,11 @@ def test_error_in_training_mid_epoch_stops_the_chunk_worker(
         wf.setup()
         step, calls = wf.trainer.train_step, [0]
 
-        def failing(batches: Any) -> Any:
+        def failing(batches: Any, grad_sync: Any = None) -> Any:
             calls[0] += 1
             if calls[0] == 5:
                 raise RuntimeError("training failed")
-            return step(batches)
+            return step(batches, grad_sync)
 
         monkeypatch.setattr(wf.trainer, "train_step", failing)
         with pytest.raises(RuntimeError, match="training failed"):
@@ -182,7 +182,7 @@ def test_cuda_prefetched_chunks_graph_and_eager_agree(
     for name in ("eager", "graph"):
         runner = runs[name].step_runner()
         assert runner.mode == name, runner.describe()
-        assert runner.chunk_rows == 64 and "pinned" in runner.describe()
+        assert runner.source.chunk_rows == 64 and "pinned" in runner.describe()
         records = [
             json.loads(x) for x in (tmp_path / name / "metrics.jsonl").read_text().splitlines()
         ]

@@ -14,9 +14,8 @@ from reagent_lite.config import DQNWorkflowConfig, ParametricDQNWorkflowConfig, 
 from reagent_lite.data.tensordict import TensorDict
 from reagent_lite.distributed.context import DistContext
 from reagent_lite.training import steps
-from reagent_lite.training.graphs import GradAllReduce
 from reagent_lite.training.loop import Workflow
-from reagent_lite.training.steps import LazyBatch, training_columns
+from reagent_lite.training.sources import LazyBatch, training_columns
 
 
 def test_lazy_batch_gathers_what_index_gathers() -> None:
@@ -201,9 +200,9 @@ def test_two_gpu_graph_step_equals_ddp_eager_step(tmp_path: Path, kind: str) -> 
 _FAIL_WARMUP = """
 import os
 import torch.distributed as dist
-from reagent_lite.training import steps
+from reagent_lite.training import graphs
 
-_body = steps.StepRunner._graph_body
+_body = graphs.GraphStep._body
 
 
 def _failing_body(self):
@@ -212,7 +211,7 @@ def _failing_body(self):
     return _body(self)
 
 
-steps.StepRunner._graph_body = _failing_body
+graphs.GraphStep._body = _failing_body
 """
 
 
@@ -257,6 +256,16 @@ def _grad_sync_worker(rank: int, init: str, out: str) -> None:
     from reagent_lite.trainers.common import DQNHyperParams
     from reagent_lite.trainers.dqn import DQNTrainer
 
+    ctx = DistContext(
+        rank=rank,
+        world_size=2,
+        local_rank=rank,
+        node_index=0,
+        procs_per_node=2,
+        device=torch.device("cpu"),
+        backend="gloo",
+    )
+
     dist.init_process_group("gloo", init_method=init, rank=rank, world_size=2)
     try:
         g = torch.Generator().manual_seed(100 + rank)  # every rank its own rows
@@ -283,12 +292,12 @@ def _grad_sync_worker(rank: int, init: str, out: str) -> None:
             ddp = torch.nn.parallel.DistributedDataParallel(net)
             hp = DQNHyperParams(clip_grad_norm=0.5, minibatches_per_step=2)
             trainer = DQNTrainer(ddp, hp, n_actions=2, unwrapped=net)
-            if explicit:  # what the captured multi-process step does
-                trainer.q_net = net
-                trainer.grad_sync = GradAllReduce(list(net.parameters()), 2)
+            # Explicit: what the captured multi-process step does.
+            sync = ctx.gradient_average(net.parameters()) if explicit else None
             for _ in range(4):
                 trainer.train_step(
-                    [batch.index(torch.arange(0, 32)), batch.index(torch.arange(32, 64))]
+                    [batch.index(torch.arange(0, 32)), batch.index(torch.arange(32, 64))],
+                    grad_sync=sync,
                 )
             finals.append(torch.cat([p.detach().reshape(-1) for p in net.parameters()]))
         torch.save(finals, f"{out}/rank{rank}.pt")
@@ -300,8 +309,9 @@ def _grad_sync_worker(rank: int, init: str, out: str) -> None:
 
 
 def test_explicit_grad_all_reduce_equals_ddp(tmp_path: Path) -> None:
-    """The gradient averaging the multi-process CUDA graph captures (`GradAllReduce` as the
-    trainer's `grad_sync`, forwards around the DDP wrapper) is DDP's, here over gloo."""
+    """The gradient averaging the multi-process CUDA graph captures (the context's
+    `gradient_average` as the trainer's `grad_sync`, forwards around the DDP wrapper) is
+    DDP's, here over gloo."""
     import torch.multiprocessing as mp
 
     init = (tmp_path / "store").as_uri()

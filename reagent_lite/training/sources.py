@@ -1,0 +1,335 @@
+"""Where a training step's rows come from: the batch sources of `steps.StepRunner`.
+
+A source hands out each optimizer step's `minibatches_per_step` micro-batches. For an
+eager step it returns them (`batches()`); for a captured CUDA graph it keeps buffers at
+fixed device addresses that the graph reads (`static()`, once) and puts the next step's
+rows where the graph will find them before each replay (`stage()`).
+
+* `ResidentRows`: the shard lives on the training device (`device_resident_data: true`,
+  or a CPU run not streaming from disk) and a step's rows are gathered from it by index:
+  eagerly from the sampler's index tensors; in a graph from the epoch's index table on the
+  device, whose row a device counter picks at each replay.
+* `HostStreamed`: the shard stays in host memory (`device_resident_data: false` on CUDA);
+  chunks of whole steps, in epoch order, are gathered by the prefetcher's worker thread
+  into pinned buffers and copied to the device on a side stream while the current chunk
+  trains (`prefetch.ChunkPrefetcher.gathered`).
+* `DiskStreamed` (`stream_from_disk: true`): `DiskShardStream` yields host chunks (a
+  shuffled window's rows); the same prefetcher cuts them to at most `chunk_rows` rows and,
+  on CUDA, copies them through the same pinned buffers (`ChunkPrefetcher.ready`); on the
+  CPU the chunks are used where they are.
+
+Streamed, an eager step's micro-batches are views of the current chunk, and a graph's
+static buffers hold one chunk, which each chunk is copied into: device memory holds at
+most two chunks (plus that static one), not the shard.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Generator, Iterator, Mapping
+
+import torch
+from torch import Tensor
+
+from reagent_lite.data.disk_stream import DiskShardStream
+from reagent_lite.data.sampler import EpochSampler
+from reagent_lite.data.tensordict import RowPack, TensorDict
+from reagent_lite.kinds.base import EVAL_ONLY_FIELDS
+from reagent_lite.training.prefetch import Chunk, ChunkPrefetcher
+
+
+class LazyBatch:
+    """Rows `idx` of `source`, gathered on first access of each field.
+
+    Trainers read a handful of fields (`batch.state`, `batch.reward`, ...); gathering
+    only those saves the bandwidth of the rest. `idx` is an index tensor or a slice (a
+    streamed chunk is already in step order, so its batches are views). With `pack` (the
+    shard's `RowPack`), the first packed field read gathers the rows of all of them at
+    once and each is a view of those rows."""
+
+    __slots__ = ("_cache", "_idx", "_pack", "_rows", "_source")
+
+    def __init__(
+        self, source: Mapping[str, Tensor], idx: Tensor | slice, pack: RowPack | None = None
+    ):
+        object.__setattr__(self, "_source", source)
+        object.__setattr__(self, "_idx", idx)
+        object.__setattr__(self, "_cache", {})
+        object.__setattr__(self, "_pack", pack)
+        object.__setattr__(self, "_rows", None)
+
+    def __getattr__(self, name: str) -> Tensor:
+        cache: dict[str, Tensor] = object.__getattribute__(self, "_cache")
+        found = cache.get(name)
+        if found is None:
+            source = object.__getattribute__(self, "_source")
+            if name not in source:
+                raise AttributeError(name)
+            idx = object.__getattribute__(self, "_idx")
+            pack: RowPack | None = object.__getattribute__(self, "_pack")
+            if pack is not None and name in pack.columns and not isinstance(idx, slice):
+                rows = object.__getattribute__(self, "_rows")
+                if rows is None:
+                    rows = pack.matrix.index_select(0, idx)
+                    object.__setattr__(self, "_rows", rows)
+                found = pack.view(rows, name)
+            else:
+                column = source[name]
+                found = column[idx] if isinstance(idx, slice) else column.index_select(0, idx)
+            cache[name] = found
+        return found
+
+    def __getitem__(self, name: str) -> Tensor:
+        return self.__getattr__(name)
+
+    def __contains__(self, name: object) -> bool:
+        return name in object.__getattribute__(self, "_source")
+
+
+def training_columns(data: TensorDict) -> dict[str, Tensor]:
+    """The shard's columns that training steps may read (no copies)."""
+    return {k: v for k, v in data.items() if k not in EVAL_ONLY_FIELDS}
+
+
+class StaticRows:
+    """What a captured step reads: `columns` at fixed device addresses and, for each step,
+    the row `order[pos]` of a device index table, `pos` a device counter that the step
+    advances itself — so every replay of one graph reads the next step's rows."""
+
+    def __init__(self, columns: dict[str, Tensor], order: Tensor, minibatches: int):
+        self.columns = columns
+        self.order = order  # [steps, rows per step]
+        self.minibatches = minibatches
+        self.pos = torch.zeros(1, dtype=torch.int64, device=order.device)
+
+    def rewind(self) -> None:
+        self.pos.zero_()
+
+    def batches(self) -> list[LazyBatch]:
+        """The step's micro-batches, found by device operations only."""
+        rows = self.order.index_select(0, self.pos).view(self.minibatches, -1)
+        self.pos.add_(1)
+        return [LazyBatch(self.columns, rows[j]) for j in range(self.minibatches)]
+
+
+class BatchSource(ABC):
+    """A step's micro-batches of `batch` rows each, `minibatches` of them per step."""
+
+    def __init__(self, minibatches: int, batch: int) -> None:
+        self.minibatches = minibatches
+        self.batch = batch
+        self.step_rows = minibatches * batch
+        self.static_rows: StaticRows | None = None
+
+    @abstractmethod
+    def begin_epoch(self, epoch: int) -> None:
+        """Starts the epoch's stream of steps."""
+
+    @abstractmethod
+    def batches(self) -> list[LazyBatch]:
+        """The next step's micro-batches (an eager step)."""
+
+    @abstractmethod
+    def static(self) -> StaticRows:
+        """Allocates the buffers a captured step reads (after `begin_epoch`)."""
+
+    @abstractmethod
+    def stage(self) -> None:
+        """Before each replay: the next step's rows where the static buffers expect them."""
+
+    def release_static(self) -> None:
+        """The graph was not captured: its buffers are not needed."""
+        self.static_rows = None
+
+    @abstractmethod
+    def close(self) -> None:
+        """Ends the epoch's stream, if any; idempotent."""
+
+    @abstractmethod
+    def describe(self) -> str:
+        """Where the rows are, for the log."""
+
+
+class ResidentRows(BatchSource):
+    """The shard on the training device, rows gathered by index (see the module notes)."""
+
+    def __init__(
+        self,
+        columns: dict[str, Tensor],
+        pack: RowPack | None,
+        sampler: EpochSampler,
+        steps_per_epoch: int,
+        minibatches: int,
+        batch: int,
+    ) -> None:
+        super().__init__(minibatches, batch)
+        self.columns = columns
+        self.pack = pack
+        self.sampler = sampler
+        self.steps_per_epoch = steps_per_epoch
+        self.device = next(iter(columns.values())).device
+        self._indices: Iterator[Tensor] = iter(())
+        self._epoch = 0
+
+    def begin_epoch(self, epoch: int) -> None:
+        self._epoch = epoch
+        self.sampler.set_epoch(epoch)
+        self._indices = iter(self.sampler)  # lazy: no indices are drawn until asked for
+        if self.static_rows is not None:
+            self.static_rows.order.copy_(self._order())
+            self.static_rows.rewind()
+
+    def _order(self) -> Tensor:
+        return self.sampler.epoch_indices(self._epoch).view(self.steps_per_epoch, self.step_rows)
+
+    def batches(self) -> list[LazyBatch]:
+        return [
+            LazyBatch(self.columns, next(self._indices), self.pack) for _ in range(self.minibatches)
+        ]
+
+    def static(self) -> StaticRows:
+        order = self._order().to(self.device).contiguous()
+        self.static_rows = StaticRows(self.columns, order, self.minibatches)
+        return self.static_rows
+
+    def stage(self) -> None:
+        pass  # the epoch's index table is in place; the graph advances its own counter
+
+    def close(self) -> None:
+        pass  # no stream, no worker
+
+    def describe(self) -> str:
+        return f"resident on {self.device}"
+
+
+class StreamedRows(BatchSource):
+    """Chunks of whole steps reaching the device through a `ChunkPrefetcher`."""
+
+    def __init__(
+        self,
+        template: dict[str, Tensor],
+        device: torch.device,
+        chunk_rows: int,
+        minibatches: int,
+        batch: int,
+    ) -> None:
+        super().__init__(minibatches, batch)
+        self.template = template
+        self.device = device
+        self.chunk_rows = chunk_rows
+        self.prefetcher = ChunkPrefetcher(template, device, chunk_rows)
+        self._chunks: Generator[Chunk, None, None] | None = None
+        self._chunk: dict[str, Tensor] = {}
+        self._steps_left = 0  # in the current chunk
+        self._start = 0  # its next step's first row
+
+    @abstractmethod
+    def _epoch_chunks(self, epoch: int) -> Generator[Chunk, None, None]:
+        """The epoch's chunks, from the prefetcher."""
+
+    def begin_epoch(self, epoch: int) -> None:
+        self.close()  # the last epoch's stream: its worker is gone before a new one starts
+        self._chunks = self._epoch_chunks(epoch)
+        self._steps_left = 0
+
+    def _next_chunk(self) -> Chunk:
+        assert self._chunks is not None
+        self._chunk = {}  # done with it: the prefetcher may stage the chunk after the next
+        chunk, rows = next(self._chunks)
+        self._steps_left, self._start = rows // self.step_rows, 0
+        return chunk, rows
+
+    def _take_step(self) -> int:
+        self._steps_left -= 1
+        self._start += self.step_rows
+        return self._start - self.step_rows
+
+    def batches(self) -> list[LazyBatch]:
+        if self._steps_left == 0:
+            self._chunk = self._next_chunk()[0]
+        start, b = self._take_step(), self.batch
+        return [
+            LazyBatch(self._chunk, slice(start + j * b, start + (j + 1) * b))
+            for j in range(self.minibatches)
+        ]
+
+    def stage(self) -> None:
+        if self._steps_left == 0:
+            assert self.static_rows is not None
+            chunk, rows = self._next_chunk()
+            for k, t in chunk.items():
+                self.static_rows.columns[k][:rows].copy_(t)
+            self.static_rows.rewind()
+        self._take_step()
+
+    def static(self) -> StaticRows:
+        columns = {
+            k: torch.zeros((self.chunk_rows, *v.shape[1:]), dtype=v.dtype, device=self.device)
+            for k, v in self.template.items()
+        }
+        order = torch.arange(self.chunk_rows, device=self.device).view(-1, self.step_rows)
+        self.static_rows = StaticRows(columns, order, self.minibatches)
+        return self.static_rows
+
+    def close(self) -> None:
+        chunks, self._chunks, self._chunk = self._chunks, None, {}
+        if chunks is not None:
+            chunks.close()  # joins the prefetcher's worker
+
+    def _copies(self) -> str:
+        if not self.prefetcher.cuda:
+            return ""
+        return (
+            f"; chunks of {self.chunk_rows} rows copied to {self.device} from pinned "
+            "buffers on a side stream while the previous chunk trains"
+        )
+
+
+class HostStreamed(StreamedRows):
+    """The shard in host memory, gathered chunk by chunk in epoch order."""
+
+    def __init__(
+        self,
+        columns: dict[str, Tensor],
+        sampler: EpochSampler,
+        device: torch.device,
+        chunk_rows: int,
+        minibatches: int,
+        batch: int,
+    ) -> None:
+        super().__init__(columns, device, chunk_rows, minibatches, batch)
+        self.columns = columns
+        self.sampler = sampler
+
+    def _epoch_chunks(self, epoch: int) -> Generator[Chunk, None, None]:
+        self.sampler.set_epoch(epoch)
+        order = self.sampler.epoch_indices(epoch).cpu()
+        return self.prefetcher.gathered(self.columns, order)
+
+    def describe(self) -> str:
+        return "streamed from host" + self._copies()
+
+
+class DiskStreamed(StreamedRows):
+    """The disk stream's windows, chunk by chunk; `template` (the normalized sample) gives
+    the columns' names, dtypes and row shapes."""
+
+    def __init__(
+        self,
+        disk: DiskShardStream,
+        template: dict[str, Tensor],
+        device: torch.device,
+        chunk_rows: int,
+        minibatches: int,
+        batch: int,
+    ) -> None:
+        # The disk's chunks (whole steps, up to a window's worth) are cut to `chunk_rows` on
+        # the way to the device: device and pinned memory don't grow with windows.
+        super().__init__(template, device, min(chunk_rows, disk.chunk_rows), minibatches, batch)
+        self.disk = disk
+
+    def _epoch_chunks(self, epoch: int) -> Generator[Chunk, None, None]:
+        return self.prefetcher.ready(self.disk.epoch_chunks(epoch))
+
+    def describe(self) -> str:
+        return self.disk.describe() + self._copies()

@@ -1,0 +1,143 @@
+"""The batch sources of the training step (`training/sources.py`), on the CPU: what a
+captured step would read through the static buffers (`static()`, `stage()`, then the
+device-side index lookup of `StaticRows.batches()`) is, step after step and epoch after
+epoch, what the eager step reads (`batches()`)."""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from reagent_lite.data.sampler import EpochSampler
+from reagent_lite.data.tensordict import TensorDict
+from reagent_lite.distributed.context import DistContext
+from reagent_lite.training.sources import (
+    BatchSource,
+    HostStreamed,
+    LazyBatch,
+    ResidentRows,
+    training_columns,
+)
+from reagent_lite.training.steps import DEFAULT_CHUNK_ROWS, Update, build_step_runner
+
+CPU = torch.device("cpu")
+ROWS, BATCH, MPS = 50, 4, 2
+
+
+def _data() -> TensorDict:
+    g = torch.Generator().manual_seed(0)
+    return TensorDict(
+        {
+            "state": torch.randn(ROWS, 3, generator=g),
+            "reward": torch.arange(ROWS).float(),
+            "action": torch.randint(0, 2, (ROWS,), generator=g),
+            "mdp_id": torch.arange(ROWS),
+        }
+    )
+
+
+def _sampler(steps: int) -> EpochSampler:
+    return EpochSampler(ROWS, BATCH, steps * MPS, seed=3)
+
+
+def _fields(batches: list[LazyBatch]) -> list[tuple[Tensor, Tensor, Tensor]]:
+    return [(b.state, b.reward, b.action) for b in batches]
+
+
+def _same(a: list[LazyBatch], b: list[LazyBatch]) -> None:
+    assert len(a) == len(b) == MPS
+    for x, y in zip(_fields(a), _fields(b), strict=True):
+        for u, v in zip(x, y, strict=True):
+            assert torch.equal(u, v)
+
+
+def _static_steps(source: BatchSource, steps: int) -> list[list[LazyBatch]]:
+    static = source.static()
+    out = []
+    for _ in range(steps):
+        source.stage()
+        out.append(static.batches())
+    return out
+
+
+def test_resident_static_rows_are_the_eager_rows_every_epoch() -> None:
+    data, steps = _data().packed(), 9  # 9 steps of 8 rows: the 50 rows wrap around
+    eager = ResidentRows(training_columns(data), data.pack, _sampler(steps), steps, MPS, BATCH)
+    graph = ResidentRows(training_columns(data), None, _sampler(steps), steps, MPS, BATCH)
+    assert "mdp_id" not in graph.static().columns  # evaluation-only columns are not read
+    for epoch in range(3):
+        eager.begin_epoch(epoch)
+        graph.begin_epoch(epoch)  # refreshes the static index table, rewinds its counter
+        static = graph.static_rows
+        assert static is not None
+        for _ in range(steps):
+            graph.stage()
+            _same(static.batches(), eager.batches())
+    graph.release_static()
+    assert graph.static_rows is None
+
+
+def test_host_streamed_static_chunks_are_the_eager_rows() -> None:
+    # Chunks of 2 steps over 7 steps a epoch: the last chunk is shorter.
+    data, steps, chunk = _data(), 7, 2 * MPS * BATCH
+    columns = training_columns(data)
+    eager = HostStreamed(columns, _sampler(steps), CPU, chunk, MPS, BATCH)
+    graph = HostStreamed(columns, _sampler(steps), CPU, chunk, MPS, BATCH)
+    resident = ResidentRows(columns, None, _sampler(steps), steps, MPS, BATCH)
+    try:
+        for epoch in range(2):
+            for source in (eager, graph, resident):
+                source.begin_epoch(epoch)
+            if epoch == 0:
+                static = graph.static()
+                assert all(v.shape[0] == chunk for v in static.columns.values())
+            for _ in range(steps):
+                graph.stage()
+                want = eager.batches()
+                _same(static.batches(), want)
+                _same(want, resident.batches())  # in epoch order, as the resident rows
+    finally:
+        eager.close()
+        graph.close()
+
+
+def test_runner_steps_eagerly_on_the_cpu_and_says_where_rows_are() -> None:
+    from reagent_lite.trainers.common import DQNHyperParams
+    from reagent_lite.trainers.dqn import DQNTrainer
+
+    data, steps = _data().packed(), 5
+    net = torch.nn.Linear(3, 2)
+    trainer = DQNTrainer(net, DQNHyperParams(minibatches_per_step=MPS), n_actions=2)
+    data = TensorDict(
+        {
+            **dict(data.items()),
+            "next_state": data.state.flip(0),
+            "next_action": data.action,
+            "terminal": torch.zeros(ROWS),
+            "time_diff": torch.ones(ROWS),
+            "possible_actions_mask": torch.ones(ROWS, 2),
+            "possible_next_actions_mask": torch.ones(ROWS, 2),
+        }
+    ).packed()
+    runner = build_step_runner(
+        trainer=trainer,
+        cpe=None,
+        ctx=DistContext.single(CPU),
+        data=data,
+        sampler=_sampler(steps),
+        steps_per_epoch=steps,
+        minibatches_per_step=MPS,
+        minibatch_size=BATCH,
+        cuda_graphs=True,  # no CUDA: eager
+        resident=False,  # on the CPU the shard is where the step runs
+    )
+    assert isinstance(runner.source, ResidentRows) and isinstance(runner.update, Update)
+    assert runner.describe() == "training step: eager; data resident on cpu"
+    assert runner.step_rows == MPS * BATCH < DEFAULT_CHUNK_ROWS
+    before = net.weight.detach().clone()
+    runner.begin_epoch(0)
+    for _ in range(steps):
+        runner.step()
+    assert runner.mode == "eager" and not runner.streamed
+    assert not torch.equal(before, net.weight) and torch.isfinite(runner.loss_sum)
+    runner.close()
