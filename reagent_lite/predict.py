@@ -21,68 +21,22 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
 
-from reagent_lite.data.arrow import is_dense, is_feature_map, is_list, list_lengths
-from reagent_lite.data.checks import candidate_problems, feature_problems
+from reagent_lite.data.arrow import is_dense, list_lengths
 from reagent_lite.data.readers import read_table
-from reagent_lite.data.scatter import candidate_tensor, feature_matrix
-from reagent_lite.data.schema import (
-    STATE_COLUMNS,
-    Column,
-    Field,
-    TableSchema,
-    check_columns,
-    list_of,
-)
+from reagent_lite.data.scatter import feature_matrix
+from reagent_lite.data.schema import TableSchema, check_columns
+from reagent_lite.data.scoring import values_and_presence
 from reagent_lite.data.validate import ShardValidation
 from reagent_lite.errors import ConfigError, DataError, ReagentLiteError
 from reagent_lite.io_utils import atomic_write
-
-
-def _json_empty(t: pa.DataType) -> bool:
-    """A JSON Lines column of nulls, or of empty lists, throughout: nothing to read."""
-    return bool(pa.types.is_null(t) or (is_list(t) and pa.types.is_null(t.value_type)))
-
-
-# What scoring reads, under the training rules of those columns (a NaN would become a silent
-# NaN score): the state, and for a parametric model the candidates to rank.
-STATE = Field(
-    (
-        Column(STATE_COLUMNS[0], lambda t: is_feature_map(t) or _json_empty(t),
-               "a map of feature id → number"),
-        Column(STATE_COLUMNS[1], lambda t: is_dense(t) or _json_empty(t),
-               "a list of numbers (dense features)"),
-    ),
-    (feature_problems,),
-)  # fmt: skip
-CANDIDATES = Field(
-    (
-        Column("possible_actions", lambda t: list_of(is_feature_map)(t) or _json_empty(t),
-               "a list of candidate maps (feature id → number)"),
-    ),
-    (candidate_problems,),
-)  # fmt: skip
-
-
-def _values_and_presence(values: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
-    """NaN-coded raw values as the serving inputs: (values, 0 where absent; presence)."""
-    presence = ~np.isnan(values)
-    return torch.from_numpy(np.where(presence, values, np.float32(0))), torch.from_numpy(
-        presence.astype(np.float32)
-    )
-
-
-def scoring_schema(kind: str) -> TableSchema:
-    """The columns a model of `kind` reads: the state, and for parametric_dqn the
-    candidates (nothing else need be there)."""
-    fields = (STATE,) if kind == "dqn" else (STATE, CANDIDATES)
-    return TableSchema(f"scoring with a {kind} model", fields)
+from reagent_lite.kinds import FeatureSpace, get_kind
 
 
 def check_scored(table: pa.Table, kind: str, source: str) -> str:
-    """The state column of a table to score, once the columns a `kind` model reads pass
-    the training rules; a `DataError` naming `source`, the column and the bad rows if not
-    (a table of no rows passes)."""
-    schema = scoring_schema(kind)
+    """The state column of a table to score, once the columns a model of the kind called
+    `kind` reads pass the training rules; a `DataError` naming `source`, the column and the
+    bad rows if not (a table of no rows passes)."""
+    schema = TableSchema(f"scoring with a {kind} model", get_kind(kind).scoring_fields)
     used = check_columns(table, schema, source)  # (also when there are no rows)
     check = ShardValidation(schema, source=source)
     check.check(table)
@@ -125,65 +79,21 @@ class Predictor:
                 "(expected the model_output_path of a finished run)"
             )
         self.meta: dict[str, Any] = json.loads(meta_path.read_text())
-        self.kind: str = self.meta["workflow"]
+        self.kind = get_kind(self.meta["workflow"])
+        self.space = FeatureSpace.from_json(self.meta)
         self.program = torch.export.load(str(model_path)).module()
 
     @torch.no_grad()
     def score(self, table: pa.Table, batch_size: int = 65_536, source: str = "data") -> pa.Table:
-        """`table` with the scores appended; `source` names it in errors."""
+        """`table` with the scores appended (the kind says which columns); `source` names
+        it in errors."""
         if batch_size < 1:
             raise ConfigError(
                 f"--batch-size: expected a positive number of rows (got {batch_size})"
             )
-        column = check_scored(table, self.kind, source)
-        ids = self.meta["state_feature_ids"]
-        state = _values_and_presence(state_matrix(table, column, ids, source))
-        if self.kind == "dqn":
-            return self._score_actions(table, state, batch_size)
-        return self._score_candidates(table, state, batch_size, source)
-
-    def _batches(self, inputs: tuple[torch.Tensor, ...], batch_size: int) -> list[torch.Tensor]:
-        n = len(inputs[0])
-        return [
-            self.program(*(x[s : s + batch_size] for x in inputs)) for s in range(0, n, batch_size)
-        ]
-
-    def _score_actions(
-        self, table: pa.Table, state: tuple[torch.Tensor, torch.Tensor], batch_size: int
-    ) -> pa.Table:
-        parts = self._batches(state, batch_size)
-        n_actions = len(self.meta["actions"])
-        q = torch.cat(parts).numpy() if parts else np.zeros((0, n_actions), np.float32)
-        actions = np.asarray(self.meta["actions"], dtype=object)
-        best = actions[q.argmax(axis=1)] if len(q) else np.asarray([], dtype=object)
-        return table.append_column(
-            "q_values", pa.array(list(q), type=pa.list_(pa.float32()))
-        ).append_column("best_action", pa.array(best.tolist(), type=pa.string()))
-
-    def _score_candidates(
-        self,
-        table: pa.Table,
-        state: tuple[torch.Tensor, torch.Tensor],
-        batch_size: int,
-        source: str,
-    ) -> pa.Table:
-        col = table.column("possible_actions")
-        k = max(1, int(list_lengths(col).max())) if len(col) else 1
-        raw, mask = candidate_tensor(col, self.meta["action_feature_ids"], k, source)
-        inputs = (*state, *_values_and_presence(raw), torch.from_numpy(mask))
-        parts = self._batches(inputs, batch_size)
-        scores = torch.cat(parts).numpy() if parts else np.zeros((0, k), np.float32)
-        lengths = mask.sum(axis=1).astype(np.int64)
-        order = np.argsort(-scores, axis=1, kind="stable")
-        ranked = [order[i, : lengths[i]].tolist() for i in range(len(order))]
-        per_row = [scores[i, : lengths[i]].tolist() for i in range(len(scores))]
-        return (
-            table.append_column("candidate_scores", pa.array(per_row, type=pa.list_(pa.float32())))
-            .append_column("ranked_candidates", pa.array(ranked, type=pa.list_(pa.int64())))
-            .append_column(
-                "best_candidate", pa.array([r[0] if r else None for r in ranked], type=pa.int64())
-            )
-        )
+        column = check_scored(table, self.kind.name, source)
+        state = values_and_presence(state_matrix(table, column, self.space.state_ids, source))
+        return self.kind.score_rows(self.program, table, state, self.space, batch_size, source)
 
 
 def main(argv: list[str] | None = None) -> None:

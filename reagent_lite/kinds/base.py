@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar, Generic, TypeVar
 
 import numpy as np
+import pyarrow as pa
 import torch
 from torch import Tensor, nn
 
@@ -31,7 +32,7 @@ from reagent_lite.config import BaseWorkflowConfig
 from reagent_lite.data.disk_stream import DiskShardStream
 from reagent_lite.data.ingest import Layout, ingest
 from reagent_lite.data.readers import ShardPiece
-from reagent_lite.data.schema import TableSchema
+from reagent_lite.data.schema import Field, TableSchema
 from reagent_lite.data.shard_builder import IngestedShard
 from reagent_lite.data.tensordict import TensorDict
 from reagent_lite.data.windows import load_units, stream_units
@@ -111,6 +112,8 @@ class Kind(ABC, Generic[C]):
     """One workflow kind (see the module notes). Stateless: one instance serves every run."""
 
     name: ClassVar[str]
+    # The columns scoring with the served model reads (`predict`).
+    scoring_fields: ClassVar[tuple[Field, ...]]
     # How the served model is called, for `model_meta.json`.
     signature: ClassVar[dict[str, Any]]
 
@@ -204,6 +207,19 @@ class Kind(ABC, Generic[C]):
     @abstractmethod
     def dynamic_shapes(self) -> dict[str, dict[int, Any]]:
         """The serving inputs' dynamic dimensions, for `torch.export`."""
+
+    @abstractmethod
+    def score_rows(
+        self,
+        program: Any,
+        table: pa.Table,
+        state: tuple[Tensor, Tensor],
+        space: FeatureSpace,
+        batch_size: int,
+        source: str,
+    ) -> pa.Table:
+        """`table` with the served model's scores appended (`predict`); `state`: the
+        table's state values and presence in `space`'s order."""
 
     @abstractmethod
     def greedy_actor(self, program: Any, space: FeatureSpace, n_env_actions: int) -> Actor:

@@ -18,12 +18,15 @@ from reagent_lite.data.ingest import Layout
 from reagent_lite.data.readers import ShardPiece
 from reagent_lite.data.schema import (
     STATE_COLUMNS,
+    Field,
     TableSchema,
     field,
     list_of,
     or_null,
     transition_schema,
 )
+from reagent_lite.data.scoring import STATE as STATE_FIELD
+from reagent_lite.data.scoring import run_batched
 from reagent_lite.data.shard_builder import IngestedShard
 from reagent_lite.data.tensordict import TensorDict
 from reagent_lite.data.windows import scan_units
@@ -36,6 +39,7 @@ from reagent_lite.trainers.dqn import DQNTrainer
 
 class DiscreteKind(Kind[DQNWorkflowConfig]):
     name = "dqn"
+    scoring_fields: ClassVar[tuple[Field, ...]] = (STATE_FIELD,)
     signature: ClassVar[dict[str, Any]] = {
         "inputs": ["state_values [B,F]", "state_presence [B,F]"],
         "output": "q [B,A] in the order of 'actions'",
@@ -136,6 +140,24 @@ class DiscreteKind(Kind[DQNWorkflowConfig]):
     def dynamic_shapes(self) -> dict[str, dict[int, Any]]:
         batch = torch.export.Dim("batch", min=1, max=1 << 30)
         return {"state_values": {0: batch}, "state_presence": {0: batch}}
+
+    def score_rows(
+        self,
+        program: Any,
+        table: pa.Table,
+        state: tuple[Tensor, Tensor],
+        space: FeatureSpace,
+        batch_size: int,
+        source: str,
+    ) -> pa.Table:
+        """Adds `q_values` (in the order of `actions`) and `best_action`."""
+        parts = run_batched(program, state, batch_size)
+        q = torch.cat(parts).numpy() if parts else np.zeros((0, len(space.actions)), np.float32)
+        actions = np.asarray(space.actions, dtype=object)
+        best = actions[q.argmax(axis=1)] if len(q) else np.asarray([], dtype=object)
+        return table.append_column(
+            "q_values", pa.array(list(q), type=pa.list_(pa.float32()))
+        ).append_column("best_action", pa.array(best.tolist(), type=pa.string()))
 
     def greedy_actor(self, program: Any, space: FeatureSpace, n_env_actions: int) -> Actor:
         # Action names that are integers name the environment's action; others go by position.

@@ -6,11 +6,12 @@ from __future__ import annotations
 from typing import Any, ClassVar
 
 import numpy as np
+import pyarrow as pa
 import torch
 from torch import Tensor, nn
 
 from reagent_lite.config import ParametricDQNWorkflowConfig
-from reagent_lite.data.arrow import is_feature_map
+from reagent_lite.data.arrow import is_feature_map, list_lengths
 from reagent_lite.data.checks import candidate_problems, feature_problems, null_rows
 from reagent_lite.data.ingest import Layout
 from reagent_lite.data.parametric_shard import (
@@ -20,15 +21,20 @@ from reagent_lite.data.parametric_shard import (
     ParametricShardBuilder,
 )
 from reagent_lite.data.readers import ShardPiece
+from reagent_lite.data.scatter import candidate_tensor
 from reagent_lite.data.schema import (
     FEATURE_MAP,
     STATE_COLUMNS,
+    Field,
     TableSchema,
     field,
     list_of,
     or_null,
     transition_schema,
 )
+from reagent_lite.data.scoring import CANDIDATES as CANDIDATES_FIELD
+from reagent_lite.data.scoring import STATE as STATE_FIELD
+from reagent_lite.data.scoring import run_batched, values_and_presence
 from reagent_lite.data.shard_builder import IngestedShard
 from reagent_lite.data.tensordict import TensorDict
 from reagent_lite.data.windows import scan_units
@@ -57,6 +63,7 @@ PARAMETRIC_SCHEMA = transition_schema(
 
 class ParametricKind(Kind[ParametricDQNWorkflowConfig]):
     name = "parametric_dqn"
+    scoring_fields: ClassVar[tuple[Field, ...]] = (STATE_FIELD, CANDIDATES_FIELD)
     signature: ClassVar[dict[str, Any]] = {
         "inputs": [
             "state_values [B,F]",
@@ -198,6 +205,35 @@ class ParametricKind(Kind[ParametricDQNWorkflowConfig]):
             "action_presence": {0: batch, 1: cand},
             "candidate_mask": {0: batch, 1: cand},
         }
+
+    def score_rows(
+        self,
+        program: Any,
+        table: pa.Table,
+        state: tuple[Tensor, Tensor],
+        space: FeatureSpace,
+        batch_size: int,
+        source: str,
+    ) -> pa.Table:
+        """Adds `candidate_scores` (one per entry of `possible_actions`),
+        `ranked_candidates` (indices, best first) and `best_candidate`."""
+        col = table.column("possible_actions")
+        k = max(1, int(list_lengths(col).max())) if len(col) else 1
+        raw, mask = candidate_tensor(col, space.action_ids, k, source)
+        inputs = (*state, *values_and_presence(raw), torch.from_numpy(mask))
+        parts = run_batched(program, inputs, batch_size)
+        scores = torch.cat(parts).numpy() if parts else np.zeros((0, k), np.float32)
+        lengths = mask.sum(axis=1).astype(np.int64)
+        order = np.argsort(-scores, axis=1, kind="stable")
+        ranked = [order[i, : lengths[i]].tolist() for i in range(len(order))]
+        per_row = [scores[i, : lengths[i]].tolist() for i in range(len(scores))]
+        return (
+            table.append_column("candidate_scores", pa.array(per_row, type=pa.list_(pa.float32())))
+            .append_column("ranked_candidates", pa.array(ranked, type=pa.list_(pa.int64())))
+            .append_column(
+                "best_candidate", pa.array([r[0] if r else None for r in ranked], type=pa.int64())
+            )
+        )
 
     def greedy_actor(self, program: Any, space: FeatureSpace, n_env_actions: int) -> Actor:
         from reagent_lite.samples.gym_logging import action_feature_map
