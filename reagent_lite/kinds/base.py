@@ -187,9 +187,13 @@ class Kind(ABC, Generic[C]):
     def q_all(self, net: nn.Module, batch: Any, *, next_state: bool) -> Tensor:
         """Q of every candidate [B, K] of the (next) state."""
 
-    @abstractmethod
     def candidate_mask(self, batch: Any, *, next_state: bool) -> Tensor:
-        """[B, K]: 1 where a candidate of the (next) state is possible."""
+        """[B, K]: 1 where a candidate of the (next) state is possible (both kinds keep it
+        in the same two columns)."""
+        mask: Tensor = (
+            batch.possible_next_actions_mask if next_state else batch.possible_actions_mask
+        )
+        return mask
 
     @abstractmethod
     def logged_index(self, batch: Any) -> Tensor:

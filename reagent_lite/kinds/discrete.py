@@ -118,12 +118,6 @@ class DiscreteKind(Kind[DQNWorkflowConfig]):
         out: Tensor = net(batch.next_state if next_state else batch.state)
         return out
 
-    def candidate_mask(self, batch: Any, *, next_state: bool) -> Tensor:
-        mask: Tensor = (
-            batch.possible_next_actions_mask if next_state else batch.possible_actions_mask
-        )
-        return mask
-
     def logged_index(self, batch: Any) -> Tensor:
         index: Tensor = batch.action
         return index

@@ -166,12 +166,6 @@ class ParametricKind(Kind[ParametricDQNWorkflowConfig]):
             out = net(batch.state, batch.possible_actions)
         return out
 
-    def candidate_mask(self, batch: Any, *, next_state: bool) -> Tensor:
-        mask: Tensor = (
-            batch.possible_next_actions_mask if next_state else batch.possible_actions_mask
-        )
-        return mask
-
     def logged_index(self, batch: Any) -> Tensor:
         index: Tensor = batch.action_index
         return index
