@@ -44,6 +44,7 @@ from torch import Tensor, nn
 from reagent_lite.config import DQNWorkflowConfig, ParametricDQNWorkflowConfig, config_from_dict
 from reagent_lite.data.tensordict import TensorDict
 from reagent_lite.distributed.context import DistContext
+from reagent_lite.torch_private import foreach_lerp_
 from reagent_lite.training.loop import Workflow
 
 GAMMA, TAU, LR = 0.99, 0.01, 1e-3
@@ -203,7 +204,7 @@ class Bare:
         loss.backward()
         self.opt.step()
         with torch.no_grad():
-            torch._foreach_lerp_(list(self.target.parameters()), list(self.net.parameters()), TAU)
+            foreach_lerp_(list(self.target.parameters()), list(self.net.parameters()), TAU)
         self.loss_sum += loss.detach()
 
     def _graph_body(self) -> None:

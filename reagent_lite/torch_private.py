@@ -1,8 +1,9 @@
 """Every use of a private (underscored) torch API in the package, in one place.
 
 `pyproject.toml` admits the torch versions CI and the GPU machines test; each function
-here says what it relies on and falls back to public API where torch lacks it, so a
-torch release that renames one of these is found here, not all over the package.
+here says what it relies on and, where a public equivalent exists, falls back to it when
+torch lacks the private one, so a torch release that renames one of these is found here,
+not all over the package. (Developer tools in `benchmarks/` may use more.)
 """
 
 from __future__ import annotations
@@ -38,7 +39,8 @@ def foreach_copy_(targets: Sequence[Tensor], sources: Sequence[Tensor]) -> None:
 
 def silence_capturable_warning(optimizer: torch.optim.Optimizer) -> None:
     """A capturable optimizer stepped outside a CUDA graph warns once; the step runner does
-    that on purpose (warm-up steps, the eager fallback), so mark it as warned already."""
+    that on purpose (warm-up steps, the eager fallback), so mark it as warned already.
+    Without the flag (another torch) the cost is one warning, nothing else."""
     optimizer._warned_capturable_if_run_uncaptured = True
 
 

@@ -477,6 +477,11 @@ class BaseWorkflowConfig(_Model):
             "model_output_path",
         ]
 
+    def logs_actions_as_features(self) -> bool:
+        """Whether generated gym sample data logs each action as a feature map (the
+        workflows whose actions are feature vectors) rather than by name."""
+        return False
+
     def optional_inputs(self) -> dict[str, str | None]:
         """The optional input files of this workflow, by config key."""
         return {
@@ -579,6 +584,9 @@ class ParametricDQNWorkflowConfig(BaseWorkflowConfig):
 
     def optional_inputs(self) -> dict[str, str | None]:
         return {**super().optional_inputs(), "action_norm_data_path": self.action_norm_data_path}
+
+    def logs_actions_as_features(self) -> bool:
+        return True
 
 
 WorkflowConfig = DQNWorkflowConfig | ParametricDQNWorkflowConfig

@@ -212,6 +212,8 @@ class ParametricKind(Kind[ParametricDQNWorkflowConfig]):
         """Adds `candidate_scores` (one per entry of `possible_actions`),
         `ranked_candidates` (indices, best first) and `best_candidate`."""
         col = table.column("possible_actions")
+        if pa.types.is_null(col.type):  # JSON Lines with no candidate anywhere: empty lists
+            col = pa.chunked_array([pa.array([[]] * len(col), type=pa.list_(pa.null()))])
         k = max(1, int(list_lengths(col).max())) if len(col) else 1
         raw, mask = candidate_tensor(col, space.action_ids, k, source)
         inputs = (*state, *values_and_presence(raw), torch.from_numpy(mask))

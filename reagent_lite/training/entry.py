@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 from reagent_lite.cli import WorkflowArgs
-from reagent_lite.config import ParametricDQNWorkflowConfig, WorkflowConfig
+from reagent_lite.config import WorkflowConfig
 from reagent_lite.distributed.context import DistContext
 from reagent_lite.distributed.launch import launch
 from reagent_lite.distributed.plan import LaunchPlan, plan_launch
@@ -72,10 +72,7 @@ def preflight(cfg: WorkflowConfig, plan: LaunchPlan) -> None:
             )
             made = generate_sample_data(
                 cfg.sample_data,
-                # gym data for a parametric workflow logs its actions as feature maps
-                parametric=(
-                    isinstance(cfg, ParametricDQNWorkflowConfig) and cfg.sample_data.kind == "gym"
-                ),
+                parametric=cfg.logs_actions_as_features() and cfg.sample_data.kind == "gym",
                 training_data_path=cfg.training_data_path,
                 eval_data_path=cfg.eval_data_path,
             )

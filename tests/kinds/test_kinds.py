@@ -89,3 +89,24 @@ def test_serving_module_takes_its_example_inputs_with_any_batch(name: str) -> No
         assert out.shape[0] == batch and torch.isfinite(out).all()
     assert set(kind.dynamic_shapes()) <= set(serving.forward.__code__.co_varnames)
     assert kind.signature["inputs"] and kind.signature["output"]
+
+
+def test_parametric_scoring_of_rows_without_any_candidate() -> None:
+    """A JSON Lines table whose `possible_actions` is null throughout (no row has a
+    candidate) scores to empty rankings, not an Arrow error."""
+    import pyarrow as pa
+
+    kind = get_kind("parametric_dqn")
+    space = FeatureSpace(state_ids=["0"], action_ids=["10"], max_candidates=2)
+    table = pa.table({"state_features": pa.nulls(3), "possible_actions": pa.nulls(3)})
+    seen: list[tuple[int, ...]] = []
+
+    def program(*inputs: torch.Tensor) -> torch.Tensor:
+        seen.append(tuple(inputs[2].shape))
+        return torch.zeros(inputs[-1].shape)
+
+    state = (torch.zeros(3, 1), torch.zeros(3, 1))
+    out = kind.score_rows(program, table, state, space, batch_size=2, source="t.jsonl")
+    assert out.column("candidate_scores").to_pylist() == [[], [], []]
+    assert out.column("best_candidate").to_pylist() == [None, None, None]
+    assert seen == [(2, 1, 1), (1, 1, 1)]  # two row batches, one empty candidate slot each
