@@ -1,6 +1,6 @@
 """The training step as one CUDA graph: `GraphStep`, a wrapper around the plain step.
 
-`GraphStep(step, source, ctx)` takes the plain step (`steps.Update`: the trainer's
+`GraphStep(step, source, ctx)` takes the plain step (`update.Update`: the trainer's
 optimizer step and the CPE side models' step, called on a list of micro-batches) and a
 batch source. `capture()` runs a few eager steps on a side stream so that lazily created
 state (Adam moments, cuBLAS workspaces) exists, captures one step reading the source's
@@ -37,7 +37,7 @@ import logging
 import traceback
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -46,9 +46,7 @@ from reagent_lite.distributed.context import DistContext, is_collective_error
 from reagent_lite.errors import TrainingError
 from reagent_lite.torch_private import silence_capturable_warning
 from reagent_lite.training.sources import BatchSource, StaticRows
-
-if TYPE_CHECKING:
-    from reagent_lite.training.steps import Update
+from reagent_lite.training.update import Update
 
 log = logging.getLogger("reagent_lite")
 

@@ -18,7 +18,8 @@ from reagent_lite.training.sources import (
     ResidentRows,
     training_columns,
 )
-from reagent_lite.training.steps import DEFAULT_CHUNK_ROWS, Update, build_step_runner
+from reagent_lite.training.steps import DEFAULT_CHUNK_ROWS, build_step_runner
+from reagent_lite.training.update import Update
 
 CPU = torch.device("cpu")
 ROWS, BATCH, MPS = 50, 4, 2

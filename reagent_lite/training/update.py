@@ -1,0 +1,70 @@
+"""The plain training step, `Update`: what an eager step runs and a CUDA graph captures.
+
+Kept apart from the step runner (`steps.py`) and the graph wrapper (`graphs.py`), which
+both use it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from reagent_lite.distributed.context import DistContext
+from reagent_lite.evaluation.cpe_models import CpeModelTrainer
+from reagent_lite.trainers.common import QLearningTrainer
+from reagent_lite.training.sources import LazyBatch
+
+GradSync = Callable[[], None]
+
+
+class Update:
+    """The plain step: `update(batches)` is one optimizer step of the Q-network over the
+    `minibatches_per_step` micro-batches and one of the CPE side models over the first;
+    the Q-network's loss is added to `loss_sum` (a device scalar). With `q_sync` /
+    `cpe_sync` the trainers forward through their plain modules and average the gradients
+    with them (`averaging_gradients`), which is what a captured step over several ranks
+    runs; without, through their (DDP) wrappers."""
+
+    def __init__(
+        self,
+        trainer: QLearningTrainer[Any],
+        cpe: CpeModelTrainer | None,
+        loss_sum: Tensor,
+        q_sync: GradSync | None = None,
+        cpe_sync: GradSync | None = None,
+    ) -> None:
+        self.trainer = trainer
+        self.cpe = cpe
+        self.loss_sum = loss_sum
+        self.q_sync = q_sync
+        self.cpe_sync = cpe_sync
+
+    def __call__(self, batches: list[LazyBatch]) -> None:
+        record = self.trainer.train_step(batches, grad_sync=self.q_sync)
+        self.loss_sum += record.total
+        if self.cpe is not None:
+            self.cpe.train_step(batches[0], self.trainer.online, grad_sync=self.cpe_sync)
+
+    def averaging_gradients(self, ctx: DistContext) -> Update:
+        """This step with the gradients averaged over `ctx`'s ranks by the step itself."""
+        cpe = self.cpe
+        return Update(
+            self.trainer,
+            cpe,
+            self.loss_sum,
+            q_sync=ctx.gradient_average(self.trainer.online.parameters()),
+            cpe_sync=ctx.gradient_average(cpe.plain.parameters()) if cpe is not None else None,
+        )
+
+    def modules(self) -> list[nn.Module]:
+        """Every module the step changes."""
+        return self.trainer.modules() + (self.cpe.modules() if self.cpe is not None else [])
+
+    def optimizers(self) -> list[torch.optim.Optimizer]:
+        opts = [self.trainer.optimizer]
+        if self.cpe is not None:
+            opts.append(self.cpe.optimizer)
+        return opts
