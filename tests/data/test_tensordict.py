@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from reagent_lite.data.tensordict import TensorDict
-from reagent_lite.training.steps import LazyBatch
+from reagent_lite.training.sources import LazyBatch
 
 
 def shard(n: int = 50) -> TensorDict:
