@@ -239,7 +239,7 @@ def run_child(data: Path, mode: str, args: argparse.Namespace) -> dict[str, Any]
     cmd += ["--mode", mode, "--out", str(Path(args.root) / f"out_{mode}")]
     for k in ("device", "batch", "steps", "epochs", "window"):
         cmd += [f"--{k}", str(getattr(args, k))]
-    cmd += ["--kind", args.kind]
+    cmd += ["--kind", getattr(args, "kind", "dqn")]
     proc = subprocess.run(
         cmd, capture_output=True, text=True, timeout=getattr(args, "timeout", 3600), env=os.environ
     )
