@@ -15,16 +15,23 @@ d3rlpy's steps are timed inside `fit`, without the set-up of each `fit` call.
   one CUDA graph).
 * `d3rlpy`: `DoubleDQN.fit` on the same transitions (when d3rlpy is installed).
 * `products` (CPU, dqn): the step's five large matrix products alone, the arithmetic floor.
+* `--compile` (CUDA): `ours-graph-c[-P]`, our step with `training.compile` in precision P
+  (`--precisions fp32,tf32,bf16`), beside `bare-graph-c[-P]`, the bare loop whose loss
+  forward/backward is compiled by Inductor inside the same CUDA graph — the compiled
+  floor. Ratios are printed against the fp32 `bare-graph` floor.
 
     python -m benchmarks.bench_train --device cpu --batch 1024
     python -m benchmarks.bench_train --device cuda --batch 8192 --no-d3rlpy
     python -m benchmarks.bench_train --kind parametric --batch 1024     # 16 candidates
     python -m benchmarks.bench_train --device cuda --rows 1000000 --modes resident,streamed
+    python -m benchmarks.bench_train --device cuda --batch 65536 --rows 8000000 --no-d3rlpy \
+        --no-cpe --no-eager --compile --precisions fp32,tf32,bf16
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
 import json
 import os
@@ -94,6 +101,8 @@ def bench_config(kind: str, data: Path, out: Path, batch: int, **extra: Any) -> 
             "learning_rate": LR,
             "optimizer": "adam",
             "steps_per_epoch": extra.pop("steps_per_epoch", None),
+            "precision": extra.pop("precision", "fp32"),
+            "compile": extra.pop("compile", False),
         },
         "evaluation": {"calc_cpe_in_training": extra.pop("cpe", False)},
         **extra,
@@ -149,8 +158,18 @@ def time_ours(wf: Workflow, steps: int, epoch: int) -> float:
 class Bare:
     """The same maths as our DQN / parametric trainer, written the way one would by hand."""
 
-    def __init__(self, data: TensorDict, batch: int, parametric: bool, graph: bool):
+    def __init__(
+        self,
+        data: TensorDict,
+        batch: int,
+        parametric: bool,
+        graph: bool,
+        compiled: bool = False,
+        precision: str = "fp32",
+    ):
         self.device = data.state.device
+        self.precision = precision
+        self._loss = torch.compile(self.loss, dynamic=False) if compiled else self.loss
         self.parametric = parametric
         self.batch = batch
         keep = ["state", "action", "reward", "next_state", "terminal", "possible_next_actions_mask"]
@@ -185,7 +204,7 @@ class Bare:
         assert a is not None  # [B, K, G] candidates → [B, K]
         return net(torch.cat([s.unsqueeze(1).expand(-1, a.shape[1], -1), a], -1)).squeeze(-1)
 
-    def body(self, idx: Tensor) -> None:
+    def loss(self, idx: Tensor) -> Tensor:
         d = self.data
         s, r, ns = d["state"][idx], d["reward"][idx], d["next_state"][idx]
         mask, done = d["possible_next_actions_mask"][idx], d["terminal"][idx]
@@ -199,13 +218,25 @@ class Bare:
             q = self.q(self.net, s, d["action"][idx].unsqueeze(1)).squeeze(1)
         else:
             q = self.net(s).gather(1, d["action"][idx][:, None]).squeeze(1)
-        loss = F.mse_loss(q, y)
-        self.opt.zero_grad(set_to_none=True)
-        loss.backward()
+        return F.mse_loss(q.float(), y.float())
+
+    def body(self, idx: Tensor) -> None:
+        with self._precision():
+            loss = self._loss(idx)
+            self.opt.zero_grad(set_to_none=True)
+            loss.backward()
         self.opt.step()
         with torch.no_grad():
             foreach_lerp_(list(self.target.parameters()), list(self.net.parameters()), TAU)
         self.loss_sum += loss.detach()
+
+    def _precision(self) -> Any:
+        """bf16: autocast (no cast cache, as in a graph); tf32: TF32 matmuls."""
+        if self.precision == "bf16":
+            return torch.autocast("cuda", dtype=torch.bfloat16, cache_enabled=False)
+        if self.precision == "tf32":
+            return _tf32()
+        return contextlib.nullcontext()
 
     def _graph_body(self) -> None:
         self.body(self.perm.index_select(0, self.pos).view(-1))
@@ -241,6 +272,17 @@ class Bare:
             self.step()
         sync(self.device)
         return steps * self.batch / (time.perf_counter() - t0)
+
+
+@contextlib.contextmanager
+def _tf32() -> Any:
+    matmul = torch.backends.cuda.matmul
+    before = matmul.fp32_precision
+    matmul.fp32_precision = "tf32"
+    try:
+        yield
+    finally:
+        matmul.fp32_precision = before
 
 
 class Products:
@@ -337,6 +379,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--rows", type=int, default=0, help="tile the shard to this many rows")
     p.add_argument("--data-dir", default="outputs/bench_data")
     p.add_argument("--json", default="", help="also write the results here")
+    p.add_argument("--compile", action="store_true", help="add the compiled contenders (CUDA)")
+    p.add_argument("--precisions", default="fp32", help="with --compile: fp32,tf32,bf16")
+    p.add_argument("--no-eager", action="store_true", help="CUDA: graph contenders only")
     args = p.parse_args(argv)
     dev = torch.device(args.device)
     steps = args.steps or (150 if args.device == "cpu" else 2000)
@@ -349,7 +394,7 @@ def main(argv: list[str] | None = None) -> None:
     for kind in args.kind.split(","):
         data = sample_data(kind, Path(args.data_dir))
         tag = "" if kind == "dqn" else "param:"
-        graphs = [False, True] if dev.type == "cuda" else [False]
+        graphs = ([] if args.no_eager else [False]) + [True] if dev.type == "cuda" else [False]
         base: Workflow | None = None
         for mode in args.modes.split(","):
             for g in graphs:
@@ -373,6 +418,17 @@ def main(argv: list[str] | None = None) -> None:
                               cuda_graphs=g, cpe=True)  # fmt: skip
                 contenders[name] = lambda n, e, wf=wf: time_ours(wf, n, e)
         resident = base.train_data.to(dev)
+        if args.compile and dev.type == "cuda":
+            for prec in args.precisions.split(","):
+                name = f"{tag}ours-graph-c" + ("" if prec == "fp32" else f"-{prec}")
+                wf = workflow(kind, data, Path(tmp.name) / name, args.device, args.batch,
+                              cuda_graphs=True, compile=True, precision=prec)  # fmt: skip
+                if args.rows:
+                    tile(wf, args.rows)
+                contenders[name] = lambda n, e, wf=wf: time_ours(wf, n, e)
+                bare = Bare(resident, args.batch, kind != "dqn", graph=True, compiled=True,
+                            precision=prec)  # fmt: skip
+                contenders[name.replace("ours", "bare")] = lambda n, e, b=bare: b.time(n)
         for g in graphs:
             bare = Bare(resident, args.batch, kind != "dqn", graph=g)
             contenders[f"{tag}bare{'-graph' if g else ''}"] = lambda n, e, b=bare: b.time(n)
@@ -405,6 +461,12 @@ def main(argv: list[str] | None = None) -> None:
              ("ours-graph-streamed", "ours-graph"), ("ours-streamed", "ours"),
              ("param:ours", "param:bare"), ("param:ours-graph", "param:bare-graph"),
              ("param:ours", "ours"), ("param:ours-graph", "ours-graph")]  # fmt: skip
+    for tag in ("", "param:"):
+        for prec in ("", "-tf32", "-bf16"):
+            pairs += [(f"{tag}ours-graph-c{prec}", f"{tag}bare-graph"),
+                      (f"{tag}bare-graph-c{prec}", f"{tag}bare-graph"),
+                      (f"{tag}ours-graph-c{prec}", f"{tag}bare-graph-c{prec}")]  # fmt: skip
+    pairs += [("param:ours-graph-c", "ours-graph-c")]
     for a, b in pairs:
         if a in med and b in med:
             # Paired: the ratio within each round (same minutes), then the median and the

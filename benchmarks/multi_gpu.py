@@ -112,7 +112,13 @@ def _weak_scaling(
                 cuda_graphs=graphs,
                 init_method=(out / f"rdzv_{tag}").as_uri(),
                 model_output_path=str(run_dir),
-                training={**MLP, "minibatch_size": batch, "steps_per_epoch": args.steps},
+                training={
+                    **MLP,
+                    "minibatch_size": batch,
+                    "steps_per_epoch": args.steps,
+                    "precision": args.precision,
+                    "compile": args.compile,
+                },
             )
             visible = ",".join(str(i) for i in range(n))
             log = out / f"{tag}.log"
@@ -235,6 +241,8 @@ def main() -> None:
     parser.add_argument("--timeout", type=float, default=400)
     parser.add_argument("--eager-baseline", action="store_true", help="also G GPUs, eager")
     parser.add_argument("--skip", default="", help="parts to skip: parametric,nodes")
+    parser.add_argument("--precision", default="fp32", help="training.precision: fp32|tf32|bf16")
+    parser.add_argument("--compile", action="store_true", help="training.compile: true")
     args = parser.parse_args()
     gpus = torch.cuda.device_count()
     if gpus < 2:

@@ -196,6 +196,22 @@ class TrainingParameters(_Model):
     scale_lr_with_world_size: bool = Field(
         default=False, description="Multiply learning_rate by the world size (linear scaling rule)."
     )
+    precision: Literal["fp32", "tf32", "bf16"] = Field(
+        default="fp32",
+        description="Arithmetic of the training step. fp32: full float32 (unchanged maths). "
+        "tf32: float32 matrix products on TensorFloat-32 tensor cores (CUDA only; on a CPU "
+        "the step stays fp32). bf16: the step's forward passes under bfloat16 autocast, "
+        "with float32 weights, loss, gradients and optimizer state. Evaluation, CPE and "
+        "the exported model are always float32.",
+    )
+    compile: bool = Field(
+        default=False,
+        description="Compile the loss's forward and backward with torch.compile (Inductor) "
+        "so that they run as a few fused kernels, inside the CUDA graph when cuda_graphs "
+        "is on. Costs a compilation of tens of seconds at the start of a run (cached by "
+        "torch across runs); worth it for long runs, mostly on GPU. Falls back to the "
+        "plain step, with a warning, if compilation fails.",
+    )
 
     @field_validator("activations")
     @classmethod

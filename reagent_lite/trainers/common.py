@@ -351,7 +351,10 @@ class QLearningTrainer(Generic[BatchT]):
         return DQNLoss(td.detach(), cql.detach(), total, q.detach().mean())
 
     def train_step(
-        self, batches: Sequence[BatchT], grad_sync: Callable[[], None] | None = None
+        self,
+        batches: Sequence[BatchT],
+        grad_sync: Callable[[], None] | None = None,
+        loss: Callable[[BatchT, nn.Module], DQNLoss] | None = None,
     ) -> DQNLoss:
         """One optimizer step over `batches` (the `minibatches_per_step` micro-batches).
 
@@ -360,7 +363,8 @@ class QLearningTrainer(Generic[BatchT]):
         goes through `q_net` (under DDP the all-reduce runs only on the last micro-batch's
         backward); with it, through the plain `online` module, and `grad_sync()` averages
         the gradients over the ranks once they are accumulated, before clipping — what a
-        CUDA graph, which cannot hold DDP's hooks, does.
+        CUDA graph, which cannot hold DDP's hooks, does. `loss(batch, net)` replaces
+        `compute_loss` (a compiled version of it, `training.compiled.CompiledLoss`).
         """
         n = len(batches)
         if n == 0:
@@ -373,7 +377,7 @@ class QLearningTrainer(Generic[BatchT]):
         for i, batch in enumerate(batches):
             ctx = no_sync() if (no_sync is not None and i < n - 1) else contextlib.nullcontext()
             with ctx:
-                record = self.compute_loss(batch, net=net)
+                record = self.compute_loss(batch, net=net) if loss is None else loss(batch, net)
                 (record.total / n if n > 1 else record.total).backward()
             records.append(record.detach())
         if grad_sync is not None:

@@ -186,6 +186,8 @@ class Workflow:
                 minibatch_size=self.sampler.batch_size,
                 cuda_graphs=cfg.cuda_graphs,
                 resident=cfg.device_resident_data,
+                precision=cfg.training.precision,
+                compiled=cfg.training.compile,
                 disk=self.disk,
             )
         return self._runner

@@ -82,6 +82,15 @@ class LazyBatch:
     def __getitem__(self, name: str) -> Tensor:
         return self.__getattr__(name)
 
+    def parts(self) -> tuple[dict[str, Tensor], Tensor | None]:
+        """(columns, row index) for code that gathers the rows itself (a compiled loss):
+        with a slice, the columns are already the batch's rows (views) and the index None."""
+        source: Mapping[str, Tensor] = object.__getattribute__(self, "_source")
+        idx = object.__getattribute__(self, "_idx")
+        if isinstance(idx, slice):
+            return {k: v[idx] for k, v in source.items()}, None
+        return dict(source), idx
+
     def __contains__(self, name: object) -> bool:
         return name in object.__getattribute__(self, "_source")
 

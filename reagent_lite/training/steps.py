@@ -29,6 +29,7 @@ from reagent_lite.data.tensordict import TensorDict
 from reagent_lite.distributed.context import DistContext
 from reagent_lite.evaluation.cpe_models import CpeModelTrainer
 from reagent_lite.trainers.common import QLearningTrainer
+from reagent_lite.training.compiled import CompiledLoss
 from reagent_lite.training.graphs import GraphStep, graph_blocker
 from reagent_lite.training.sources import (
     BatchSource,
@@ -75,7 +76,7 @@ class StepRunner:
             mode = self.graph.describe()
         else:
             mode = "eager" + (f" ({self.why_eager})" if self.why_eager else "")
-        return f"training step: {mode}; data {self.source.describe()}"
+        return f"training step: {mode}, {self.update.describe()}; data {self.source.describe()}"
 
     def begin_epoch(self, epoch: int) -> None:
         self.source.begin_epoch(epoch)
@@ -112,6 +113,8 @@ def build_step_runner(
     cuda_graphs: bool,
     resident: bool,
     disk: DiskShardStream | None = None,
+    precision: str = "fp32",
+    compiled: bool = False,
 ) -> StepRunner:
     """The runner of a run's settings. `data`: the shard (with `disk`, the stream of
     `stream_from_disk`, only its normalized sample: a column template); `resident`:
@@ -129,7 +132,8 @@ def build_step_runner(
         source = HostStreamed(columns, sampler, device, chunk_rows, mps, batch)
     else:
         source = ResidentRows(columns, data.pack, sampler, steps_per_epoch, mps, batch)
-    update = Update(trainer, cpe, torch.zeros((), device=device))
+    loss = CompiledLoss(trainer) if compiled else None
+    update = Update(trainer, cpe, torch.zeros((), device=device), precision=precision, loss=loss)
     graph, why_eager = None, ""
     if cuda_graphs and device.type == "cuda":
         why_eager = graph_blocker(update, ctx)

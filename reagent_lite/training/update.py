@@ -15,6 +15,8 @@ from torch import Tensor, nn
 from reagent_lite.distributed.context import DistContext
 from reagent_lite.evaluation.cpe_models import CpeModelTrainer
 from reagent_lite.trainers.common import QLearningTrainer
+from reagent_lite.training.compiled import CompiledLoss
+from reagent_lite.training.precision import step_precision
 from reagent_lite.training.sources import LazyBatch
 
 GradSync = Callable[[], None]
@@ -26,7 +28,11 @@ class Update:
     the Q-network's loss is added to `loss_sum` (a device scalar). With `q_sync` /
     `cpe_sync` the trainers forward through their plain modules and average the gradients
     with them (`averaging_gradients`), which is what a captured step over several ranks
-    runs; without, through their (DDP) wrappers."""
+    runs; without, through their (DDP) wrappers.
+
+    `precision` (`training.precision`) is the arithmetic of the whole step, both models'
+    forwards and backwards (`precision.step_precision`); `loss`, when given, replaces the
+    Q-trainer's `compute_loss` (`training.compile`: `compiled.CompiledLoss`)."""
 
     def __init__(
         self,
@@ -35,18 +41,32 @@ class Update:
         loss_sum: Tensor,
         q_sync: GradSync | None = None,
         cpe_sync: GradSync | None = None,
+        *,
+        precision: str = "fp32",
+        loss: CompiledLoss | None = None,
     ) -> None:
         self.trainer = trainer
         self.cpe = cpe
         self.loss_sum = loss_sum
         self.q_sync = q_sync
         self.cpe_sync = cpe_sync
+        self.precision = precision
+        self.loss = loss
+        self.device = loss_sum.device
 
     def __call__(self, batches: list[LazyBatch]) -> None:
-        record = self.trainer.train_step(batches, grad_sync=self.q_sync)
-        self.loss_sum += record.total
-        if self.cpe is not None:
-            self.cpe.train_step(batches[0], self.trainer.online, grad_sync=self.cpe_sync)
+        with step_precision(self.precision, self.device):
+            record = self.trainer.train_step(batches, grad_sync=self.q_sync, loss=self.loss)
+            self.loss_sum += record.total
+            if self.cpe is not None:
+                self.cpe.train_step(batches[0], self.trainer.online, grad_sync=self.cpe_sync)
+
+    def describe(self) -> str:
+        """The step's arithmetic, e.g. "bf16 autocast, loss compiled by Inductor"."""
+        parts = [{"fp32": "fp32", "tf32": "tf32 matmuls", "bf16": "bf16 autocast"}[self.precision]]
+        if self.loss is not None:
+            parts.append(self.loss.describe())
+        return ", ".join(parts)
 
     def averaging_gradients(self, ctx: DistContext) -> Update:
         """This step with the gradients averaged over `ctx`'s ranks by the step itself."""
@@ -57,6 +77,8 @@ class Update:
             self.loss_sum,
             q_sync=ctx.gradient_average(self.trainer.online.parameters()),
             cpe_sync=ctx.gradient_average(cpe.plain.parameters()) if cpe is not None else None,
+            precision=self.precision,
+            loss=self.loss,
         )
 
     def modules(self) -> list[nn.Module]:

@@ -162,7 +162,7 @@ def test_cuda_prefetched_chunks_graph_and_eager_agree(
     # Chunks of 2 steps: the disk's chunks (up to 4 steps) are cut, so pinned buffers are
     # sliced and reused many times per epoch.
     monkeypatch.setattr(steps, "DEFAULT_CHUNK_ROWS", 64)
-    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cuda.matmul.fp32_precision = "ieee"
     n = 700
     make: Any
     if kind == "dqn":

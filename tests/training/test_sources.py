@@ -133,7 +133,7 @@ def test_runner_steps_eagerly_on_the_cpu_and_says_where_rows_are() -> None:
         resident=False,  # on the CPU the shard is where the step runs
     )
     assert isinstance(runner.source, ResidentRows) and isinstance(runner.update, Update)
-    assert runner.describe() == "training step: eager; data resident on cpu"
+    assert runner.describe() == "training step: eager, fp32; data resident on cpu"
     assert runner.step_rows == MPS * BATCH < DEFAULT_CHUNK_ROWS
     before = net.weight.detach().clone()
     runner.begin_epoch(0)

@@ -87,7 +87,7 @@ def test_cuda_graph_step_equals_eager_step(
     # Small chunks, so that the streamed run crosses several chunk boundaries per epoch.
     monkeypatch.setattr(steps, "DEFAULT_CHUNK_ROWS", 512)
     # TF32 off: the comparison is about the graph, not about matmul precision modes.
-    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cuda.matmul.fp32_precision = "ieee"
     eager = _workflow(tmp_path, kind, "eager", cuda_graphs=False)
     graph = _workflow(tmp_path, kind, "graph", cuda_graphs=True)
     streamed = _workflow(tmp_path, kind, "streamed", cuda_graphs=True, device_resident_data=False)

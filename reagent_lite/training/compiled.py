@@ -1,0 +1,84 @@
+"""`training.compile`: the trainer's loss compiled by Inductor, as a drop-in loss function.
+
+`CompiledLoss(trainer)` is called as `trainer.compute_loss(batch, net=net)` is and returns
+the same `DQNLoss`. The first call traces `compute_loss` (the micro-batch gathers, both
+networks' forwards, the Bellman target, TD and CQL terms) with torch.compile; AOTAutograd
+derives the backward, and Inductor fuses each into a few kernels (bias + ReLU + their
+gradients, the masked max, the loss). Optimizer step and soft target update stay what they
+are: one fused kernel each already. Inside a CUDA graph (`graphs.GraphStep`) the compiled
+kernels are captured like any other; the compilation happens in the eager warm-up steps.
+
+Dynamo cannot trace `LazyBatch` (it reads its slots through `object.__getattribute__`),
+so the compiled function takes the batch's source columns and row index and gathers them
+itself into a plain `Rows` object; the gathers of columns the loss never reads are dead
+code that Inductor removes. Only the plain module is compiled: a DDP wrapper's forward
+(multi-process eager steps) keeps the eager loss, since its hooks do the all-reduce.
+
+If compilation fails (no C++ compiler for the CPU backend, an unsupported operator) the
+loss falls back to eager for the rest of the run, with a warning.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from reagent_lite.trainers.common import DQNLoss, QLearningTrainer
+from reagent_lite.training.sources import LazyBatch
+
+log = logging.getLogger("reagent_lite")
+
+
+class Rows:
+    """A micro-batch's gathered columns as attributes (what the trainers read)."""
+
+    def __init__(self, fields: dict[str, Tensor]) -> None:
+        for name, value in fields.items():
+            setattr(self, name, value)
+
+
+class CompiledLoss:
+    """`trainer.compute_loss`, compiled once per run (see the module notes)."""
+
+    def __init__(self, trainer: QLearningTrainer[Any]) -> None:
+        self.trainer = trainer
+        self._compiled: Any = torch.compile(self._loss, dynamic=False)
+        self.failed = ""
+        self.compile_s = 0.0
+        self._calls = 0
+
+    def _loss(self, columns: dict[str, Tensor], idx: Tensor | None, net: nn.Module) -> tuple:
+        rows = Rows(
+            columns if idx is None else {k: v.index_select(0, idx) for k, v in columns.items()}
+        )
+        loss = self.trainer.compute_loss(rows, net=net)
+        return loss.td_loss, loss.cql_loss, loss.total, loss.mean_q
+
+    def __call__(self, batch: LazyBatch, net: nn.Module) -> DQNLoss:
+        if self.failed or net is not self.trainer.online:
+            return self.trainer.compute_loss(batch, net=net)
+        columns, idx = batch.parts()
+        first = self._calls == 0
+        start = time.perf_counter()
+        try:
+            out = self._compiled(columns, idx, net)
+        except Exception as err:  # compilation problems: the eager loss is always right
+            if not first:
+                raise
+            self.failed = f"{type(err).__name__}: {(str(err).splitlines() or [''])[0][:200]}"
+            log.warning("training.compile: compilation failed (%s); eager loss", self.failed)
+            return self.trainer.compute_loss(batch, net=net)
+        self._calls += 1
+        if first:
+            self.compile_s = time.perf_counter() - start
+            log.info("training.compile: loss compiled in %.1f s", self.compile_s)
+        return DQNLoss(*out)
+
+    def describe(self) -> str:
+        if self.failed:
+            return f"compile failed ({self.failed}), eager loss"
+        return "loss compiled by Inductor"

@@ -1,0 +1,45 @@
+"""`training.precision`: the arithmetic a training step runs in, as one context manager.
+
+* fp32: nothing changes.
+* tf32: float32 matrix products on TensorFloat-32 tensor cores (10-bit mantissa inputs,
+  float32 accumulation). A CUDA setting only: a CPU step stays fp32.
+* bf16: the forward passes under bfloat16 autocast. Weights, gradients and optimizer
+  state stay float32 (autocast casts a copy per use), and the losses are float32 because
+  autocast runs mse / smooth-L1 / logsumexp in float32. The cast cache is off: a cached
+  copy would outlive a CUDA graph's capture.
+
+Only the step is affected: evaluation, CPE and the exported model read the float32
+weights in float32.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+
+import torch
+
+PRECISIONS = ("fp32", "tf32", "bf16")
+
+
+@contextlib.contextmanager
+def step_precision(precision: str, device: torch.device) -> Iterator[None]:
+    """Runs the enclosed step in `precision` on `device`; restores the settings after."""
+    if precision == "fp32":
+        yield
+    elif precision == "tf32":
+        if device.type != "cuda":
+            yield
+            return
+        matmul = torch.backends.cuda.matmul
+        before = matmul.fp32_precision
+        matmul.fp32_precision = "tf32"
+        try:
+            yield
+        finally:
+            matmul.fp32_precision = before
+    elif precision == "bf16":
+        with torch.autocast(device.type, dtype=torch.bfloat16, cache_enabled=False):
+            yield
+    else:
+        raise ValueError(f"unknown precision {precision!r}; expected one of {list(PRECISIONS)}")

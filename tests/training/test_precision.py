@@ -1,0 +1,143 @@
+"""`training.precision` and `training.compile`: validated, and each trains what the plain
+fp32 step trains (the compiled loss up to float rounding, bf16 within its precision)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from reagent_lite.config import DQNWorkflowConfig, ParametricDQNWorkflowConfig, config_from_dict
+from reagent_lite.distributed.context import DistContext
+from reagent_lite.errors import ConfigError
+from reagent_lite.training.loop import Workflow
+
+_TINY = {"layers": [-1, 32, -1], "activations": ["relu", "linear"], "minibatch_size": 64}
+
+
+def _data(root: Path, kind: str) -> Path:
+    from reagent_lite.samples.generate import generate_sample_data
+
+    data = root / f"data_{kind}"
+    if not (data / "train.parquet").exists():
+        if kind == "dqn":
+            generate_sample_data(kind="gym", episodes=40, seed=1, output_dir=data)
+        else:
+            generate_sample_data(kind="synthetic_parametric", episodes=400, seed=1, output_dir=data)
+    return data
+
+
+def _workflow(tmp: Path, kind: str, name: str, device: str = "cpu", **training: Any) -> Workflow:
+    cfg: dict[str, Any] = {
+        "training_data_path": str(_data(tmp, kind) / "train.parquet"),
+        "model_output_path": str(tmp / name),
+        "epochs": 2,
+        "seed": 3,
+        "checkpoint_every_epochs": 0,
+        "use_gpu": device != "cpu",
+        "training": {**_TINY, "minibatches_per_step": 2, "steps_per_epoch": 12, **training},
+        "evaluation": {"calc_cpe_in_training": True},
+    }
+    cls: Any = DQNWorkflowConfig
+    if kind == "dqn":
+        cfg["actions"] = ["0", "1"]
+    else:
+        cls = ParametricDQNWorkflowConfig
+    wf = Workflow(kind, config_from_dict(cfg, cls), DistContext.single(device))
+    wf.setup()
+    return wf
+
+
+def _trained(wf: Workflow) -> list[torch.Tensor]:
+    wf.train()
+    nets = [wf.trainer.online, wf.trainer.target] + ([wf.cpe.plain] if wf.cpe else [])
+    return [p.detach().cpu() for net in nets for p in net.parameters()]
+
+
+def test_precision_is_validated() -> None:
+    cfg = {"training_data_path": "x", "model_output_path": "y", "actions": ["a", "b"]}
+    with pytest.raises(ConfigError) as err:
+        config_from_dict({**cfg, "training": {"precision": "fp8"}}, DQNWorkflowConfig)
+    assert "training.precision" in str(err.value) and "fp8" in str(err.value)
+    ok = config_from_dict({**cfg, "training": {"precision": "bf16"}}, DQNWorkflowConfig)
+    assert ok.training.precision == "bf16" and ok.training.compile is False
+
+
+def test_bf16_trains_near_fp32_with_float32_state(tmp_path: Path) -> None:
+    fp32 = _workflow(tmp_path, "dqn", "fp32")
+    bf16 = _workflow(tmp_path, "dqn", "bf16", precision="bf16")
+    assert "bf16 autocast" in bf16.step_runner().describe()
+    a, b = _trained(fp32), _trained(bf16)
+    diffs = [float((x - y).abs().max()) for x, y in zip(a, b, strict=True)]
+    # Autocast really ran (not bit-identical), yet the weights stay close to fp32's.
+    assert max(diffs) > 0.0
+    assert max(diffs) < 0.05, diffs
+    # Master weights, gradients' optimizer state and the loss stay float32.
+    assert all(p.dtype == torch.float32 for p in bf16.trainer.online.parameters())
+    for state in bf16.trainer.optimizer.state.values():
+        assert state["exp_avg"].dtype == torch.float32
+    assert all(isinstance(r["loss"], float) for r in bf16.history)
+
+
+def test_tf32_on_cpu_is_fp32(tmp_path: Path) -> None:
+    a = _trained(_workflow(tmp_path, "dqn", "fp32"))
+    b = _trained(_workflow(tmp_path, "dqn", "tf32", precision="tf32"))
+    for x, y in zip(a, b, strict=True):
+        assert torch.equal(x, y)
+
+
+@pytest.mark.slow
+def test_compiled_loss_trains_what_the_eager_loss_trains(tmp_path: Path) -> None:
+    """CPU Inductor: the compiled loss (forward + AOTAutograd backward) equals the eager one
+    up to float rounding, CPE side models included, for the parametric kind (candidates)."""
+    eager = _workflow(tmp_path, "parametric_dqn", "eager")
+    compiled = _workflow(tmp_path, "parametric_dqn", "compiled", compile=True)
+    a, b = _trained(eager), _trained(compiled)
+    assert "loss compiled by Inductor" in compiled.step_runner().describe()
+    loss = compiled.step_runner().update.loss
+    assert loss is not None and not loss.failed and loss.compile_s > 0
+    for x, y in zip(a, b, strict=True):
+        torch.testing.assert_close(y, x, rtol=1e-5, atol=1e-6)
+
+
+def test_compile_failure_falls_back_to_eager(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No working C++ compiler for the CPU backend: the run warns and trains eagerly."""
+    import torch._inductor.config as inductor
+
+    monkeypatch.setattr(inductor.cpp, "cxx", (None, "/nonexistent/c++"))
+    torch._dynamo.reset()
+    eager = _trained(_workflow(tmp_path, "dqn", "eager"))
+    wf = _workflow(tmp_path, "dqn", "broken", compile=True)
+    got = _trained(wf)
+    torch._dynamo.reset()
+    assert "compile failed" in wf.step_runner().describe()
+    for x, y in zip(eager, got, strict=True):
+        assert torch.equal(x, y)
+
+
+cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+
+
+@pytest.mark.gpu
+@cuda
+@pytest.mark.parametrize("kind", ["dqn", "parametric_dqn"])
+def test_cuda_graph_with_compiled_loss_and_precisions(tmp_path: Path, kind: str) -> None:
+    """On CUDA: the compiled loss inside the captured graph equals the eager fp32 step up
+    to float rounding; tf32 and bf16 graphs train close to it."""
+    torch.backends.cuda.matmul.fp32_precision = "ieee"
+    base = _trained(_workflow(tmp_path, kind, "eager", "cuda:0"))
+    for name, training, tol in (
+        ("compiled", {"compile": True}, 1e-4),
+        ("tf32", {"compile": True, "precision": "tf32"}, 2e-2),
+        ("bf16", {"compile": True, "precision": "bf16"}, 5e-2),
+    ):
+        wf = _workflow(tmp_path, kind, name, "cuda:0", **training)
+        got = _trained(wf)
+        text = wf.step_runner().describe()
+        assert wf.step_runner().mode == "graph" and "loss compiled by Inductor" in text, text
+        worst = max(float((x - y).abs().max()) for x, y in zip(base, got, strict=True))
+        assert worst < tol, (name, worst)
