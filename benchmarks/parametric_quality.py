@@ -6,12 +6,13 @@ model (no Monte Carlo over rewards):
 
 * the optimal, logging and random policies' values and the learned greedy policy's value
   (what `model.pt2` serves), on held-out states;
-* the true value of the policy CPE evaluates — the softmax over Q / `rl.temperature`
-  restricted to each state's candidates — on held-out states and on the eval table's own
+* the true value of the policy CPE evaluates (`evaluation.policy`: by default the greedy
+  policy model.pt2 serves; with 'softmax', the softmax over Q / `rl.temperature`
+  restricted to each state's candidates) on held-out states and on the eval table's own
   states;
 
 then prints every CPE estimate of the exported epoch (metrics.jsonl) with its bootstrap
-standard error and whether it lies within 1, 2, 3 SE of the softmax policy's true value.
+standard error and whether it lies within 1, 2, 3 SE of that policy's true value.
 The bootstrap resamples eval rows only: it covers the sampling noise of the eval table,
 not the error of the reward model fitted on the training table, so the Direct Method (and
 DR where the weights are large) can sit outside its SE by the model's bias.
@@ -153,15 +154,18 @@ def evaluate(out: Path) -> dict[str, Any]:
         "eval_states": {
             "optimal": env.optimal_value(eval_ctx),
             "logging": env.logging_value(eval_ctx),
+            "learned_greedy": env.true_policy_value(greedy, eval_ctx),
             "learned_softmax": env.true_policy_value(soft, eval_ctx),
         },
     }
     epoch = meta["selected_epoch"]
     records = [r for r in read_metrics(model_dir / "metrics.jsonl") if "cpe" in r]
     cpe: dict[str, Any] = next((r["cpe"] for r in records if r["epoch"] == epoch), {})
+    policy = (cpe.get("policy") or {}).get("name", "softmax")  # older runs: the softmax
     return {
         "values": values,
         "cpe": cpe,
+        "policy": policy,
         "selected_epoch": epoch,
         "temperature": temperature,
         "eval_rows": len(eval_ctx),
@@ -183,20 +187,18 @@ def report(res: dict[str, Any]) -> bool:
     print(f"  logging          {log_v:.4f}   ({log_v / opt:.1%} of optimal)")
     print(f"  random           {v['random']:.4f}")
     print(f"  learned greedy   {learned:.4f}   ({learned / opt:.1%} of optimal)   <- model.pt2")
-    print(
-        f"  learned softmax  {v['learned_softmax']:.4f}   (T = {res['temperature']}; the policy "
-        "CPE evaluates)"
-    )
+    print(f"  learned softmax  {v['learned_softmax']:.4f}   (T = {res['temperature']})")
     ev = v["eval_states"]
     print(
         f"  on the {res['eval_rows']} eval-table states: optimal {ev['optimal']:.4f}, logging "
-        f"{ev['logging']:.4f}, learned softmax {ev['learned_softmax']:.4f}"
+        f"{ev['logging']:.4f}, learned greedy {ev['learned_greedy']:.4f}, learned softmax "
+        f"{ev['learned_softmax']:.4f}"
     )
-    truth = v["learned_softmax"]
+    truth = v["learned_greedy"] if res["policy"] == "greedy" else v["learned_softmax"]
     truth_norm = truth / log_v
     print(
-        f"\nCPE of epoch {res['selected_epoch']} (raw, and normalized by the logged value; "
-        f"true {truth:.4f} / normalized {truth_norm:.4f}):"
+        f"\nCPE of the {res['policy']} policy, epoch {res['selected_epoch']} (raw, and "
+        f"normalized by the logged value; true {truth:.4f} / normalized {truth_norm:.4f}):"
     )
     print(
         f"  {'estimator':26s} {'raw':>8s} {'± SE':>8s} {'norm':>8s} {'± SE':>8s}  within 1/2/3 SE"

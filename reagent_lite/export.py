@@ -22,6 +22,7 @@ from torch import nn
 
 from reagent_lite import __version__
 from reagent_lite.config import WorkflowConfig
+from reagent_lite.evaluation.cpe_models import EvaluatedPolicy
 from reagent_lite.io_utils import atomic_write, atomic_write_json
 from reagent_lite.kinds import FeatureSpace, Kind
 from reagent_lite.normalization.module import Preprocessor
@@ -97,6 +98,8 @@ def write_outputs(run: RunResult) -> tuple[Path, dict[str, Any] | None]:
         "config_hash": config_hash(resolved),
         "selected_epoch": run.selected_epoch,
         "model_selection": run.cfg.evaluation.model_selection,
+        # Which policy the CPE figures in final_metrics (and metrics.jsonl) describe.
+        "cpe_policy": _cpe_policy(run.cfg),
         "world_size": run.world_size,
         "final_metrics": final,
         "online_evaluation": online,
@@ -111,6 +114,12 @@ def write_outputs(run: RunResult) -> tuple[Path, dict[str, Any] | None]:
         run.selected_epoch,
     )
     return model_path, online
+
+
+def _cpe_policy(cfg: WorkflowConfig) -> dict[str, Any] | None:
+    if not cfg.evaluation.calc_cpe_in_training or not cfg.eval_data_path:
+        return None
+    return EvaluatedPolicy(cfg.evaluation.policy, cfg.rl.temperature).describe()
 
 
 def _norm_file(group: str) -> str:

@@ -27,6 +27,19 @@ def epoch_records(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [r for r in records if "transitions_per_s" in r]
 
 
+def _policy_name(records: list[dict[str, Any]]) -> str:
+    """Which policy the CPE curves describe (runs from before the key: the softmax)."""
+    with_cpe = [r["cpe"] for r in records if "cpe" in r]
+    if not with_cpe:
+        return "no policy (no CPE in this run)"
+    policy = with_cpe[0].get("policy")
+    if policy is None or policy.get("name") == "softmax":
+        temperature = (policy or {}).get("temperature")
+        at = f" / {temperature:g}" if temperature is not None else " / T"
+        return f"softmax(Q{at}) policy (not what model.pt2 serves)"
+    return "greedy policy model.pt2 serves"
+
+
 def draw_report(run_dir: Path, output: Path | None = None) -> Path:
     try:
         import matplotlib
@@ -61,7 +74,7 @@ def draw_report(run_dir: Path, output: Path | None = None) -> Path:
     ax_cpe.axhline(1.0, color="grey", linestyle="--", linewidth=1, label="logged policy")
     ax_cpe.set_xlabel("epoch")
     ax_cpe.set_ylabel("value / logged value")
-    ax_cpe.set_title("counterfactual policy evaluation")
+    ax_cpe.set_title(f"CPE of the {_policy_name(records)}", fontsize=9)
     ax_cpe.legend(fontsize=7)
     fig.tight_layout()
     path = output or run_dir / "report.png"

@@ -149,19 +149,27 @@ def settings_without_effect(cfg: BaseWorkflowConfig) -> list[tuple[str, str]]:
         out.append(
             (
                 "rl.softmax_policy",
-                "CPE always evaluates the softmax of Q / rl.temperature and model.pt2 returns "
-                "Q values (the serving side picks the policy)",
+                "model.pt2 returns Q values and CPE evaluates evaluation.policy (set it to "
+                "'softmax' to evaluate the softmax of Q / rl.temperature)",
             )
         )
     if cfg.rl.epsilon > 0.0:
         out.append(
             (
                 "rl.epsilon",
-                "CPE evaluates the softmax of Q / rl.temperature without ε exploration, and "
-                "the online check is greedy",
+                "CPE evaluates evaluation.policy without ε exploration, and the online check "
+                "is greedy",
             )
         )
     evaluation = cfg.evaluation
+    if "temperature" in cfg.rl.model_fields_set and evaluation.policy == "greedy":
+        out.append(
+            (
+                "rl.temperature",
+                "CPE evaluates the greedy policy model.pt2 serves (evaluation.policy); the "
+                "temperature only shapes evaluation.policy 'softmax'",
+            )
+        )
     if evaluation.model_selection != "last":
         if cfg.eval_data_path is None:
             out.append(

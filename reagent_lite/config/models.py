@@ -91,7 +91,10 @@ class RLParameters(_Model):
         "next action) if false. Accepts Horizon's 0/1.",
     )
     temperature: float = Field(
-        default=1.0, gt=0.0, description="Softmax temperature of the evaluated policy (> 0)."
+        default=1.0,
+        gt=0.0,
+        description="Softmax temperature (> 0) of the policy CPE evaluates when "
+        "evaluation.policy is 'softmax'; no effect with the default greedy policy.",
     )
     # Literal defaults (pydantic copies mutable ones for every model) so that the JSON
     # Schema states them; a default_factory would leave them out.
@@ -108,9 +111,9 @@ class RLParameters(_Model):
     )
     softmax_policy: FlexBool = Field(
         default=False,
-        description="Horizon compatibility (accepts 0/1): counterfactual evaluation always "
-        "scores the softmax policy over Q / temperature (a small temperature makes it the "
-        "greedy policy that model.pt2 serves), so true has no further effect and warns.",
+        description="Horizon compatibility (accepts 0/1), no effect: model.pt2 returns Q "
+        "values and counterfactual evaluation values evaluation.policy (set it to 'softmax' "
+        "to evaluate softmax(Q / rl.temperature)); true warns.",
     )
     epsilon: float = Field(
         default=0.0,
@@ -263,10 +266,17 @@ class EvaluationParameters(_Model):
         description="If > 0, roll the exported model out for this many episodes in the "
         "environment of `sample_data` (requires a sample_data block).",
     )
+    policy: Literal["greedy", "softmax"] = Field(
+        default="greedy",
+        description="The policy CPE evaluates: 'greedy' is what model.pt2 serves (argmax of "
+        "Q over each row's candidates, ties to the first); 'softmax' is softmax(Q / "
+        "rl.temperature) over the candidates (ReAgent's evaluated policy), which nobody "
+        "serves. metrics.jsonl, model_meta.json and the report name the one evaluated.",
+    )
     model_selection: Literal["last", "td_error", "cpe"] = Field(
         default="last",
         description="Which epoch's model is exported: the last, the lowest eval TD error, "
-        "or the best CPE estimate.",
+        "or the best CPE estimate (doubly robust, of evaluation.policy).",
     )
 
 

@@ -1,8 +1,9 @@
 """The models counterfactual evaluation needs, trained alongside the Q-network.
 
 * reward model r̂(s, a): regression of the logged reward on (state, logged action);
-* policy-value model q̂(s, a): the value of the *learned* softmax policy, fitted by
-  expected-SARSA targets r + γ^Δt Σ_a' π(a'|s') q̂_target(s', a').
+* policy-value model q̂(s, a): the value of the evaluated policy π (`EvaluatedPolicy`:
+  by default the greedy policy `model.pt2` serves), fitted by expected-SARSA targets
+  r + γ^Δt Σ_a' π(a'|s') q̂_target(s', a').
 
 Both are nets of the same shape as the Q-network (built by the workflow kind), so the
 same code serves discrete actions and parametric candidates. No I/O, no ranks.
@@ -12,7 +13,8 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Callable
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Literal
 
 import torch
 import torch.nn.functional as F
@@ -29,6 +31,51 @@ def masked_softmax(q: Tensor, mask: Tensor, temperature: float) -> Tensor:
     logits = torch.where(mask > 0, q / temperature, torch.full_like(q, _NEG))
     probs = torch.softmax(logits, dim=-1) * (mask > 0)
     return probs / probs.sum(dim=-1, keepdim=True).clamp_min(1e-12)
+
+
+def masked_greedy(q: Tensor, mask: Tensor) -> Tensor:
+    """One-hot [B, K] of the best entry of q where mask is 1; all-masked rows → 0.
+
+    Ties go to the first (lowest-index) candidate: `torch.argmax` returns the first maximum,
+    and so do the consumers of `model.pt2` (the online check, `predict`'s best action and
+    its stable ranking), so this is the policy the exported model serves."""
+    valid = mask > 0
+    scores = torch.where(valid, q, torch.full_like(q, float("-inf")))
+    best = scores.argmax(dim=-1, keepdim=True)
+    hot = torch.zeros_like(q).scatter_(-1, best, 1.0)
+    return hot * valid.any(dim=-1, keepdim=True).to(q.dtype)
+
+
+@dataclass(frozen=True)
+class EvaluatedPolicy:
+    """The policy counterfactual evaluation values (`evaluation.policy`).
+
+    "greedy" (the default) is the policy `model.pt2` serves: argmax of Q over each row's
+    candidates, ties to the first. It is deterministic, so an importance weight is
+    1/μ(a|s) where the logged action is the greedy one and 0 elsewhere. "softmax" is
+    softmax(Q / temperature) over the candidates: a policy nobody serves, reported under
+    its own name for comparison with ReAgent's numbers."""
+
+    name: Literal["greedy", "softmax"] = "greedy"
+    temperature: float = 1.0
+
+    def probs(self, q: Tensor, mask: Tensor) -> Tensor:
+        """[B, K] probabilities over the candidates (mask 1); all-masked rows → 0."""
+        if self.name == "greedy":
+            return masked_greedy(q, mask)
+        return masked_softmax(q, mask, self.temperature)
+
+    def describe(self) -> dict[str, Any]:
+        """What metrics.jsonl, model_meta.json and the report say was evaluated."""
+        if self.name == "greedy":
+            return {"name": "greedy", "temperature": None, "served_by_model": True}
+        return {"name": "softmax", "temperature": self.temperature, "served_by_model": False}
+
+    @property
+    def label(self) -> str:
+        if self.name == "greedy":
+            return "greedy policy (what model.pt2 serves)"
+        return f"softmax(Q / {self.temperature:g}) policy (not what model.pt2 serves)"
 
 
 def gather_logged(q: Tensor, index: Tensor) -> Tensor:
@@ -66,7 +113,7 @@ class CpeModelTrainer:
         nets: nn.Module,
         *,
         gamma: float,
-        temperature: float,
+        policy: EvaluatedPolicy,
         target_update_rate: float,
         learning_rate: float,
         use_time_diff: bool,
@@ -79,7 +126,7 @@ class CpeModelTrainer:
         self.target_value = copy.deepcopy(plain.value_net).requires_grad_(False)
         self._soft_update = SoftUpdate(self.target_value, plain.value_net)
         self.gamma = gamma
-        self.temperature = temperature
+        self.policy = policy
         self.tau = target_update_rate
         self.use_time_diff = use_time_diff
         self.optimizer = adam(nets.parameters(), learning_rate)
@@ -100,7 +147,7 @@ class CpeModelTrainer:
         with torch.no_grad():
             q_next = kind.q_all(q_net, batch, next_state=True)
             mask_next = kind.candidate_mask(batch, next_state=True)
-            pi_next = masked_softmax(q_next, mask_next, self.temperature)
+            pi_next = self.policy.probs(q_next, mask_next)
             v_next = (pi_next * kind.q_all(self.target_value, batch, next_state=True)).sum(-1)
             discount = torch.pow(self.gamma, batch.time_diff) if self.use_time_diff else self.gamma
             target = batch.reward + (1.0 - batch.terminal) * discount * v_next

@@ -1,8 +1,12 @@
 """Counterfactual evaluation of the current Q-network on the eval table (rank 0 only).
 
 Turns networks + eval tensors into the arrays the pure estimators of `cpe.py` and
-`sequential.py` take; the learned policy is a softmax over Q / temperature restricted to
-the possible actions (or candidates), as in ReAgent.
+`sequential.py` take. The evaluated policy (`EvaluatedPolicy`) is by default the greedy
+policy `model.pt2` serves (argmax of Q over each row's candidates, ties to the first);
+softmax(Q / temperature), which ReAgent evaluated, is an option reported under its name.
+With a deterministic policy an importance weight is 1/μ or 0, so only the rows where the
+logger happened to take the served action carry IPS: the effective sample size printed
+with the estimates says how many such rows the estimate really rests on.
 
 Row handling: a logged action outside the row's candidates gets importance weight 0 (the
 learned policy never takes it) rather than being dropped, so every estimator values the same
@@ -26,7 +30,8 @@ from torch import Tensor, nn
 
 from reagent_lite.data.tensordict import TensorDict
 from reagent_lite.evaluation.cpe import CpeEstimate, one_step_estimates
-from reagent_lite.evaluation.cpe_models import CpeNets, gather_logged, masked_softmax
+from reagent_lite.evaluation.cpe_models import CpeNets, EvaluatedPolicy, gather_logged
+from reagent_lite.evaluation.diagnostics import policy_diagnostics, warn_and_summarize
 from reagent_lite.evaluation.sequential import sequential_estimates
 
 _CHUNK = 65_536
@@ -46,12 +51,14 @@ def evaluate_cpe(
     cpe_nets: CpeNets,
     data: TensorDict,
     *,
-    temperature: float,
+    policy: EvaluatedPolicy,
     gamma: float,
     n_bootstrap: int,
     seed: int,
-) -> dict[str, dict[str, float | None]]:
-    """All CPE estimates for the softmax policy of `q_net` on `data` (eval tensors)."""
+) -> dict[str, dict[str, Any]]:
+    """All CPE estimates of `policy` (over `q_net`'s Q) on `data` (eval tensors), with
+    `policy` (what was evaluated) and `diagnostics` (effective sample sizes, ties, how
+    close to uniform the policy is) beside them; warnings are logged here."""
     was_training = q_net.training, cpe_nets.training
     q_net.eval()
     cpe_nets.eval()
@@ -64,7 +71,7 @@ def evaluate_cpe(
         cpe_nets.train(was_training[1])
     mask = kind.candidate_mask(data, next_state=False).float()
     idx = kind.logged_index(data)
-    probs = masked_softmax(q, mask, temperature)
+    probs = policy.probs(q, mask)
     arrays = _one_step_inputs(probs, idx, r_hat, mask)
     keep = arrays.pop("keep")
 
@@ -105,21 +112,31 @@ def evaluate_cpe(
                 all_(gather_logged(q_hat, idx)),
                 all_((probs * q_hat).sum(-1)),
                 gamma=gamma,
+                time_diffs=all_(data.time_diff),
                 n_bootstrap=n_bootstrap,
                 seed=seed,
             )
         )
     except ValueError as err:  # e.g. repeated (mdp_id, sequence_number) pairs
         log.warning("sequential CPE skipped: %s", err)
-    out: dict[str, dict[str, float | None]] = {
-        name: est.to_dict() for name, est in estimates.items()
-    }
+    out: dict[str, dict[str, Any]] = {name: est.to_dict() for name, est in estimates.items()}
     off_list = (idx < 0).cpu().numpy()
     out["rows"] = {
         "scored": float(keep.sum()),
         "dropped": float((~keep).sum()),
         "logged_action_not_candidate": float((off_list & keep).sum()),
     }
+    out["policy"] = policy.describe()
+    ratio = gather_logged(probs, idx) / data.propensity.to(probs.dtype)
+    out["diagnostics"] = policy_diagnostics(
+        q=all_(q),
+        probs=all_(probs),
+        mask=all_(mask) > 0,
+        ratio=all_(ratio),
+        keep=keep,
+        mdp_ids=all_(data.mdp_id),
+    )
+    warn_and_summarize(out, policy.label)
     return out
 
 

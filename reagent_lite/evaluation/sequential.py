@@ -7,9 +7,13 @@ state value under the target policy, `v_hat(s) = sum_a pi(a|s) q_hat(s, a)`.
 
 Notation (episode i, step t = position within the episode, 0-based after sorting by
 sequence_number): `rho_t = prod_{k<=t} pi(a_k|s_k) / mu(a_k|s_k)` (cumulative importance
-weight, `rho_{-1} = 1`). All three estimators share one form,
+weight, `rho_{-1} = 1`); `d_t^i = gamma^(tau_t^i)` the discount of step t, where `tau_t^i`
+is the time elapsed since the episode's first step, the sum of the earlier steps'
+`time_diff` (= t when every time_diff is 1). That is how training discounts, γ^time_diff
+per transition, so the estimators value the return the Q-network learns. All three
+estimators share one form,
 
-    sum_t gamma^t sum_i [ w_t^i (r_t^i - q_t^i) + w_{t-1}^i v_t^i ],
+    sum_t sum_i d_t^i [ w_t^i (r_t^i - q_t^i) + w_{t-1}^i v_t^i ],
 
 * sequential DR (Jiang & Li 2016): `w_t^i = rho_t^i / M`, the unrolled form of the backward
   recursion `V = v_t + rho(r_t + gamma V' - q_t)`; unbiased, high variance.
@@ -59,6 +63,7 @@ def sequential_estimates(
     v_hat: npt.ArrayLike,
     *,
     gamma: float,
+    time_diffs: npt.ArrayLike | None = None,
     n_bootstrap: int = 200,
     seed: int = 0,
     magic_max_j_steps: int = 20,
@@ -68,13 +73,15 @@ def sequential_estimates(
     Args:
         mdp_ids: `[N]` episode id per row (any sortable dtype: int or str).
         sequence_numbers: `[N]` step order within the episode (unique per episode; gaps are
-            allowed, discounting uses the step's position, not the raw number).
+            allowed: discounting follows `time_diffs`, not the raw numbers).
         rewards: `[N]` logged rewards.
         logged_propensity: `[N]` logging-policy probability of the logged action, in (0, 1].
         target_prob_logged: `[N]` target-policy probability of the logged action.
         q_hat_logged: `[N]` model Q(s, a) of the logged action.
         v_hat: `[N]` model value of the state under the target policy.
         gamma: discount factor in [0, 1].
+        time_diffs: `[N]` time from each step to the next (≥ 0), the exponent training
+            discounts the transition with; None = 1 for every step (discount by position).
         n_bootstrap: bootstrap replicates over episodes; 0 = no standard errors (NaN), and
             MAGIC then falls back to WDR (its blend weights need the bootstrap).
         seed: bootstrap seed.
@@ -94,24 +101,32 @@ def sequential_estimates(
         target_prob_logged,
         q_hat_logged,
         v_hat,
+        time_diffs,
     )
     n_ep, horizon = ep.rewards.shape
-    discounts = gamma ** np.arange(horizon, dtype=np.float64)
+    discounts = gamma**ep.elapsed  # d_t^i, [M, T]
 
     cum = np.cumprod(ep.ratios, axis=1)
     prev = np.hstack([np.ones((n_ep, 1)), cum[:, :-1]])
-    returns = ep.rewards @ discounts
+    returns = np.sum(ep.rewards * discounts, axis=1)
 
-    # Per-episode statistics whose sums over (resampled) episodes determine every estimator.
+    # Per-episode statistics whose sums over (resampled) episodes determine every estimator;
+    # the discounts are per episode, so they go in before the sums.
     stats = np.hstack(
-        [cum, cum * (ep.rewards - ep.q_hat), prev * ep.v_hat, returns[:, None], np.ones((n_ep, 1))]
+        [
+            cum,
+            discounts * cum * (ep.rewards - ep.q_hat),
+            discounts * prev * ep.v_hat,
+            returns[:, None],
+            np.ones((n_ep, 1)),
+        ]
     )
     full = _Sums(stats.sum(axis=0, keepdims=True), horizon)
     boot = _Sums(bootstrap_sums(stats, n_bootstrap, seed), horizon)
 
     j_steps = _j_steps(horizon, magic_max_j_steps)
-    g_full = _partial_horizon_wdr(full, discounts, j_steps)[0]
-    g_boot = _partial_horizon_wdr(boot, discounts, j_steps)
+    g_full = _partial_horizon_wdr(full, j_steps)[0]
+    g_boot = _partial_horizon_wdr(boot, j_steps)
     logged_full = float(full.returns[0] / full.count[0])
     logged_boot = boot.returns / boot.count
 
@@ -120,7 +135,7 @@ def sequential_estimates(
 
     weights = _magic_weights(g_full, g_boot)
     return {
-        "sequential_doubly_robust": estimate(_sdr(full, discounts), _sdr(boot, discounts)),
+        "sequential_doubly_robust": estimate(_sdr(full), _sdr(boot)),
         "weighted_doubly_robust": estimate(g_full[-1:], g_boot[:, -1]),
         "magic": estimate(np.array([g_full @ weights]), g_boot @ weights),
     }
@@ -135,11 +150,13 @@ class _EpisodeTable:
         ratios: FloatArray,
         q_hat: FloatArray,
         v_hat: FloatArray,
+        elapsed: FloatArray,
     ) -> None:
         self.rewards = rewards
         self.ratios = ratios
         self.q_hat = q_hat
         self.v_hat = v_hat
+        self.elapsed = elapsed  # time since the episode's first step (padding: irrelevant)
 
     @classmethod
     def build(
@@ -151,6 +168,7 @@ class _EpisodeTable:
         target_prob_logged: npt.ArrayLike,
         q_hat_logged: npt.ArrayLike,
         v_hat: npt.ArrayLike,
+        time_diffs: npt.ArrayLike | None = None,
     ) -> _EpisodeTable:
         ids = np.asarray(mdp_ids).reshape(-1)
         seq = np.asarray(sequence_numbers).reshape(-1)
@@ -163,6 +181,7 @@ class _EpisodeTable:
             "target_prob_logged": target_prob_logged,
             "q_hat_logged": q_hat_logged,
             "v_hat": v_hat,
+            "time_diffs": np.ones(n) if time_diffs is None else time_diffs,
         }
         arrays = {k: np.asarray(v, dtype=np.float64).reshape(-1) for k, v in cols.items()}
         for name, arr in [("sequence_numbers", seq), *arrays.items()]:
@@ -175,6 +194,10 @@ class _EpisodeTable:
             raise ValueError(f"logged_propensity must be > 0; {int(np.sum(mu <= 0))} bad rows")
         if np.any(arrays["target_prob_logged"] < 0.0):
             raise ValueError("target_prob_logged must be >= 0")
+        if np.any(arrays["time_diffs"] < 0.0):
+            raise ValueError(
+                f"time_diffs must be >= 0; {int(np.sum(arrays['time_diffs'] < 0))} bad rows"
+            )
 
         codes = np.unique(ids, return_inverse=True)[1].reshape(-1)
         order = np.lexsort((seq, codes))
@@ -192,11 +215,16 @@ class _EpisodeTable:
             out[codes, pos] = values[order]
             return out
 
+        # Elapsed time at step t: the time_diffs of steps 0..t-1 of the same episode.
+        steps = scatter(arrays["time_diffs"], 0.0)
+        elapsed = np.hstack([np.zeros((shape[0], 1)), np.cumsum(steps, axis=1)[:, :-1]])
+
         return cls(
             rewards=scatter(arrays["rewards"], 0.0),
             ratios=scatter(arrays["target_prob_logged"] / mu, 1.0),
             q_hat=scatter(arrays["q_hat_logged"], 0.0),
             v_hat=scatter(arrays["v_hat"], 0.0),
+            elapsed=elapsed,
         )
 
 
@@ -206,8 +234,8 @@ class _Sums:
     def __init__(self, sums: FloatArray, horizon: int) -> None:
         t = horizon
         self.weight = sums[:, :t]  # sum_i rho_t^i
-        self.weighted_td = sums[:, t : 2 * t]  # sum_i rho_t^i (r_t^i - q_t^i)
-        self.weighted_v = sums[:, 2 * t : 3 * t]  # sum_i rho_{t-1}^i v_t^i
+        self.weighted_td = sums[:, t : 2 * t]  # sum_i d_t^i rho_t^i (r_t^i - q_t^i)
+        self.weighted_v = sums[:, 2 * t : 3 * t]  # sum_i d_t^i rho_{t-1}^i v_t^i
         self.returns = sums[:, 3 * t]  # sum_i discounted return
         self.count = sums[:, 3 * t + 1]  # number of episodes
 
@@ -219,15 +247,15 @@ def _div0(num: FloatArray, den: FloatArray) -> FloatArray:
     )
 
 
-def _sdr(s: _Sums, discounts: FloatArray) -> FloatArray:
-    return ((s.weighted_td + s.weighted_v) @ discounts) / s.count
+def _sdr(s: _Sums) -> FloatArray:
+    return (s.weighted_td + s.weighted_v).sum(axis=1) / s.count
 
 
-def _partial_horizon_wdr(s: _Sums, discounts: FloatArray, j_steps: np.ndarray) -> FloatArray:
+def _partial_horizon_wdr(s: _Sums, j_steps: np.ndarray) -> FloatArray:
     """WDR truncated after step j, the model's value afterwards: `[R, len(j_steps)]`."""
     prev_weight = np.hstack([s.count[:, None], s.weight[:, :-1]])
-    continuation = discounts * _div0(s.weighted_v, prev_weight)  # gamma^t w_{t-1} v_t
-    per_step = discounts * _div0(s.weighted_td, s.weight) + continuation
+    continuation = _div0(s.weighted_v, prev_weight)  # sum_i d_t w_{t-1} v_t / sum_i w_{t-1}
+    per_step = _div0(s.weighted_td, s.weight) + continuation
     # g_j = sum_{t<=j} per_step_t + continuation_{j+1}; pad so j = -1 and j = T-1 index cleanly.
     zeros = np.zeros((per_step.shape[0], 1))
     head = np.hstack([zeros, np.cumsum(per_step, axis=1)])  # head[:, j + 1]

@@ -22,7 +22,11 @@ from typing import Any
 
 import numpy as np
 
-from reagent_lite.normalization.params import FeatureType, NormalizationParameters
+from reagent_lite.normalization.params import (
+    BOXCOX_MIN_BASE,
+    FeatureType,
+    NormalizationParameters,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -230,7 +234,7 @@ def fit_feature(
     k2_raw = normal_k2(x)
     if (not skip_boxcox or force_boxcox) and not force_quantile and not nearly_constant:
         shift = -lo
-        z = np.maximum(x + shift, BOX_COX_MARGIN)
+        z = np.maximum(x + shift, BOXCOX_MIN_BASE)  # the module's floor: fit = serve
         lam = boxcox_lambda(z)
         y = boxcox_transform(z, lam)
         k2_bc = normal_k2(y)

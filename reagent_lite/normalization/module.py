@@ -20,7 +20,11 @@ import torch
 from torch import nn
 
 from reagent_lite.errors import DataError
-from reagent_lite.normalization.params import FeatureType, NormalizationParameters
+from reagent_lite.normalization.params import (
+    BOXCOX_MIN_BASE,
+    FeatureType,
+    NormalizationParameters,
+)
 
 # ReAgent's output range: the logit of a probability clamped to (1e-5, 1 - 1e-5).
 MAX_FEATURE_VALUE = 11.513
@@ -29,7 +33,6 @@ MIN_FEATURE_VALUE = -MAX_FEATURE_VALUE
 PROBABILITY_CLAMP = 0.01
 # CONTINUOUS_ACTION maps [min, max] onto [-1 + EPS, 1 - EPS].
 EPS = 1e-6
-BOXCOX_MIN_BASE = 1e-6
 
 _TYPE_ORDER = list(FeatureType)
 

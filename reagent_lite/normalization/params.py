@@ -26,6 +26,11 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from reagent_lite.errors import DataError
 from reagent_lite.io_utils import atomic_write_text
 
+# The smallest base of the Box-Cox power: fitting (on the shifted sample, whose minimum is 0)
+# and serving (the exported module) floor at the same value, so the sample's smallest value
+# normalizes to what the fitted mean and stddev were computed from.
+BOXCOX_MIN_BASE = 1e-4
+
 
 class FeatureType(str, Enum):
     """How a feature is transformed before it reaches the network (ReAgent's names)."""

@@ -23,7 +23,7 @@ from reagent_lite.data.disk_stream import DiskShardStream
 from reagent_lite.data.tensordict import TensorDict
 from reagent_lite.distributed.context import DistContext
 from reagent_lite.errors import TrainingError
-from reagent_lite.evaluation.cpe_models import CpeModelTrainer, CpeNets
+from reagent_lite.evaluation.cpe_models import CpeModelTrainer, CpeNets, EvaluatedPolicy
 from reagent_lite.evaluation.evaluator import evaluate_cpe
 from reagent_lite.export import RunResult, write_outputs
 from reagent_lite.kinds import EVAL_ONLY_FIELDS, FeatureSpace, Kind, get_kind
@@ -66,6 +66,7 @@ class Workflow:
         self.start_epoch = 0
         self.global_step = 0
         self.selection = ModelSelection(cfg.evaluation.model_selection)
+        self.cpe_policy = EvaluatedPolicy(cfg.evaluation.policy, cfg.rl.temperature)
         self.history: list[dict[str, Any]] = []
         self._runner: StepRunner | None = None
         # Debug switches (training/verify.py); read once so the hot loop only tests an int.
@@ -108,7 +109,7 @@ class Workflow:
                 # would read cuda:0 tensors): only DDP wraps the small side models.
                 self._wrap(nets, data_parallel=False),
                 gamma=cfg.rl.gamma,
-                temperature=cfg.rl.temperature,
+                policy=self.cpe_policy,
                 target_update_rate=cfg.rl.target_update_rate,
                 learning_rate=cfg.training.learning_rate,
                 use_time_diff=cfg.rl.use_seq_num_diff_as_time_diff,
@@ -317,7 +318,7 @@ class Workflow:
                 self.q_net,
                 self.cpe_nets,
                 self.eval_data,
-                temperature=self.cfg.rl.temperature,
+                policy=self.cpe_policy,
                 gamma=self.cfg.rl.gamma,
                 n_bootstrap=self.cfg.evaluation.bootstrap_samples,
                 seed=self.cfg.seed + epoch,

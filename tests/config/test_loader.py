@@ -96,6 +96,7 @@ def test_horizon_config_loads_and_warns(caplog: pytest.LogCaptureFixture) -> Non
     [
         (DQNWorkflowConfig, {"rl": {"softmax_policy": True}}, "rl.softmax_policy"),
         (DQNWorkflowConfig, {"rl": {"epsilon": 0.2}}, "rl.epsilon"),
+        (DQNWorkflowConfig, {"rl": {"temperature": 0.5}}, "rl.temperature"),
         (DQNWorkflowConfig, {"evaluation": {"model_selection": "cpe"}}, "model_selection"),
         (
             DQNWorkflowConfig,
@@ -127,6 +128,16 @@ def test_settings_without_effect_warn(
         load_config(write_config({**base, **extra}), cls)
     warned = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert any(key in m and "has no effect" in m for m in warned), warned
+
+
+def test_temperature_of_an_evaluated_softmax_warns_about_nothing(
+    write_config: Writer, caplog: pytest.LogCaptureFixture
+) -> None:
+    data = {**minimal_dqn(), "rl": {"temperature": 0.5}, "evaluation": {"policy": "softmax"}}
+    with caplog.at_level(logging.WARNING, logger="reagent_lite.config"):
+        cfg = load_config(write_config(data), DQNWorkflowConfig)
+    assert cfg.evaluation.policy == "softmax"
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
 
 
 def test_defaults_warn_about_nothing(

@@ -15,6 +15,7 @@ from reagent_lite.data.tensordict import TensorDict
 from reagent_lite.evaluation.cpe_models import (
     CpeModelTrainer,
     CpeNets,
+    EvaluatedPolicy,
     gather_logged,
     masked_softmax,
 )
@@ -56,12 +57,14 @@ def net(activations: list[str] | None = None) -> nn.Module:
     )
 
 
-def trainer(nets: CpeNets, kind: str = "dqn", *, use_time_diff: bool = True) -> CpeModelTrainer:
+def trainer(
+    nets: CpeNets, kind: str = "dqn", *, use_time_diff: bool = True, greedy: bool = False
+) -> CpeModelTrainer:
     return CpeModelTrainer(
         KINDS[kind],
         nets,
         gamma=0.9,
-        temperature=0.5,
+        policy=EvaluatedPolicy("greedy") if greedy else EvaluatedPolicy("softmax", 0.5),
         target_update_rate=0.1,
         learning_rate=0.01,
         use_time_diff=use_time_diff,
@@ -69,7 +72,12 @@ def trainer(nets: CpeNets, kind: str = "dqn", *, use_time_diff: bool = True) -> 
 
 
 def reference_step(
-    nets: CpeNets, target_value: nn.Module, q_net: nn.Module, data: TensorDict, use_time_diff: bool
+    nets: CpeNets,
+    target_value: nn.Module,
+    q_net: nn.Module,
+    data: TensorDict,
+    use_time_diff: bool,
+    greedy: bool = False,
 ) -> tuple[torch.Tensor, CpeNets]:
     """One step of the two CPE models written out with autograd and a per-tensor Adam:
     the loss and the nets after the step."""
@@ -77,7 +85,12 @@ def reference_step(
     opt = torch.optim.Adam(nets.parameters(), lr=0.01)
     with torch.no_grad():
         mask = data.possible_next_actions_mask
-        pi = masked_softmax(q_net(data.next_state), mask, 0.5)
+        q_next = q_net(data.next_state)
+        if greedy:  # one-hot of the first best possible action; no action where none is
+            best = torch.where(mask > 0, q_next, float("-inf")).argmax(dim=1)
+            pi = F.one_hot(best, A).float() * (mask.sum(1, keepdim=True) > 0)
+        else:
+            pi = masked_softmax(q_next, mask, 0.5)
         v = (pi * target_value(data.next_state)).sum(-1)
         discount = 0.9**data.time_diff if use_time_diff else 0.9
         target = data.reward + (1.0 - data.terminal) * discount * v
@@ -92,11 +105,11 @@ def reference_step(
     return loss.detach(), nets
 
 
-@pytest.mark.parametrize("use_time_diff", [True, False])
-def test_step_equals_the_maths_written_out(use_time_diff: bool) -> None:
+@pytest.mark.parametrize(("use_time_diff", "greedy"), [(True, False), (False, False), (True, True)])
+def test_step_equals_the_maths_written_out(use_time_diff: bool, greedy: bool) -> None:
     torch.manual_seed(0)
     nets = CpeNets(net(), net())
-    cpe = trainer(copy.deepcopy(nets), use_time_diff=use_time_diff)
+    cpe = trainer(copy.deepcopy(nets), use_time_diff=use_time_diff, greedy=greedy)
     torch.manual_seed(1)
     q_net = net()
     data = batch(0)
@@ -105,7 +118,7 @@ def test_step_equals_the_maths_written_out(use_time_diff: bool) -> None:
         q_hat = gather_logged(nets.value_net(data.state), data.action)
         err = (q_hat - data.reward).abs()[data.action >= 0]
     assert (err < 1.0).any() and (err > 1.0).any()
-    want_loss, want = reference_step(nets, cpe.target_value, q_net, data, use_time_diff)
+    want_loss, want = reference_step(nets, cpe.target_value, q_net, data, use_time_diff, greedy)
     got_loss = cpe.train_step(data, q_net)
     torch.testing.assert_close(got_loss, want_loss, rtol=1e-5, atol=1e-6)
     for x, y, before in zip(

@@ -19,7 +19,7 @@ from reagent_lite.data.ingest import ingest_table
 from reagent_lite.data.parametric_shard import ParametricShard
 from reagent_lite.data.tensordict import TensorDict
 from reagent_lite.data.timeline import build_training_table
-from reagent_lite.evaluation.cpe_models import CpeNets
+from reagent_lite.evaluation.cpe_models import CpeNets, EvaluatedPolicy
 from reagent_lite.evaluation.evaluator import evaluate_cpe
 from reagent_lite.kinds import KINDS
 from reagent_lite.samples.parametric_env import Contexts, ParametricBanditEnv
@@ -68,6 +68,55 @@ def discrete_table() -> TensorDict:
     )
 
 
+def test_greedy_is_the_served_policy_ties_to_the_first() -> None:
+    q = torch.tensor([[1.0, 3.0, 3.0], [2.0, 5.0, 1.0], [4.0, 4.0, 4.0], [0.0, 0.0, 0.0]])
+    mask = torch.tensor([[1.0, 1.0, 1.0], [1.0, 0.0, 1.0], [0.0, 1.0, 1.0], [0.0, 0.0, 0.0]])
+    got = EvaluatedPolicy("greedy").probs(q, mask)
+    # Row 0: a tie between 1 and 2 goes to 1 (argmax's first maximum, as model.pt2's users
+    # pick); row 1: the masked 5.0 is no candidate; row 2: first allowed of a 3-way tie;
+    # row 3: no candidate, no action.
+    want = [[0, 1, 0], [1, 0, 0], [0, 1, 0], [0, 0, 0]]
+    assert got.tolist() == want
+    served = torch.where(mask > 0, q, float("-inf"))[:3].argmax(dim=1)
+    assert got[:3].argmax(dim=1).tolist() == served.tolist()
+
+
+def test_discrete_greedy_hand_computed() -> None:
+    # Q rows (possible actions): [2, 1] → 0 ; [3, 3] tie → 0 ; [0, 9 masked] → 0.
+    q = [[2.0, 1.0], [3.0, 3.0], [0.0, 9.0]]
+    r_hat = [[0.9, 0.1], [1.0, 3.0], [0.5, 7.0]]
+    q_hat = [[1.0, 0.0], [2.0, 4.0], [1.0, 9.0]]
+    out = evaluate_cpe(
+        DQN,
+        Table(q),
+        CpeNets(Table(r_hat), Table(q_hat)),
+        discrete_table(),
+        policy=EvaluatedPolicy("greedy"),
+        gamma=0.9,
+        n_bootstrap=0,
+        seed=0,
+    )
+    # Logged a = 0, 1, 1; mu = .25, .5, .4. Greedy takes 0 everywhere, so the weights are
+    # 1/.25 = 4 (row 0 took it), 0, 0: a deterministic policy's weight is 1/mu or 0.
+    # DM rows: .9, 1.0, .5 ; DR rows: .9 + 4(1 - .9) = 1.3, 1.0, .5
+    # Sequential DR (q̂ not r̂): v̂ = 1, 2, 1 ; 1 + 4(1 - 1) = 1, 2, 1
+    expected = {
+        "direct_method": (0.9 + 1.0 + 0.5) / 3,
+        "ips": 4.0 / 3,
+        "snips": 1.0,
+        "doubly_robust": (1.3 + 1.0 + 0.5) / 3,
+        "sequential_doubly_robust": (1.0 + 2.0 + 1.0) / 3,
+    }
+    for name, value in expected.items():
+        assert out[name]["raw"] == pytest.approx(value), name
+    assert out["policy"] == {"name": "greedy", "temperature": None, "served_by_model": True}
+    diag = out["diagnostics"]
+    assert diag["effective_sample_size_rows"] == pytest.approx(1.0)  # one row carries IPS
+    assert diag["effective_sample_size_episodes"] == pytest.approx(1.0)
+    assert diag["mean_top_probability"] == 1.0
+    assert diag["tied_top_q_fraction"] == pytest.approx(0.5)  # row 1 of the two with 2 actions
+
+
 def test_discrete_hand_computed() -> None:
     # Q = T · log(wanted probabilities), so that softmax(Q / T) over the possible actions
     # is `wanted`.
@@ -81,7 +130,7 @@ def test_discrete_hand_computed() -> None:
         Table(q),
         CpeNets(Table(r_hat), Table(q_hat)),
         discrete_table(),
-        temperature=t,
+        policy=EvaluatedPolicy("softmax", t),
         gamma=0.9,
         n_bootstrap=0,
         seed=0,
@@ -176,7 +225,7 @@ def test_parametric_logged_action_not_among_candidates() -> None:
         FirstFeature(),  # Q = first feature: row 0 → [0, ln 3] → pi = [.25, .75] at T = 1
         CpeNets(FirstFeature(), FirstFeature()),
         tensors(raw),
-        temperature=1.0,
+        policy=EvaluatedPolicy("softmax", 1.0),
         gamma=1.0,
         n_bootstrap=0,
         seed=0,
@@ -234,11 +283,15 @@ def bandit() -> tuple[ParametricBanditEnv, TensorDict, Contexts]:
     return env, tensors(raw), contexts
 
 
-def _evaluate(env: ParametricBanditEnv, data: TensorDict, q_net: nn.Module, t: float) -> dict:
+def _evaluate(
+    env: ParametricBanditEnv, data: TensorDict, q_net: nn.Module, t: float | None
+) -> dict:
+    """CPE of the softmax at `t`, or of the greedy policy (t None), with an exact r̂."""
+    policy = EvaluatedPolicy("greedy") if t is None else EvaluatedPolicy("softmax", t)
     oracle = EnvScorer(env, "reward")
     nets = CpeNets(oracle, EnvScorer(env, "reward"))
     return evaluate_cpe(
-        PARAMETRIC, q_net, nets, data, temperature=t, gamma=0.9, n_bootstrap=200, seed=1
+        PARAMETRIC, q_net, nets, data, policy=policy, gamma=0.9, n_bootstrap=200, seed=1
     )
 
 
@@ -278,3 +331,59 @@ def test_oracle_policy_estimates_track_its_true_value(bandit, temperature) -> No
 
 def out_logged(data: TensorDict) -> float:
     return float(data.reward.double().mean())
+
+
+class NoisyOracle(nn.Module):
+    """μ(s, a) plus a fixed distortion: a good but imperfect Q-network, whose greedy policy
+    beats the logger without being optimal and whose softmax at T = 1 is far from greedy."""
+
+    def __init__(self, env: ParametricBanditEnv):
+        super().__init__()
+        self.oracle = EnvScorer(env, "reward")
+
+    def forward(self, state: Tensor, actions: Tensor) -> Tensor:
+        mu = self.oracle(state, actions)
+        return mu + 0.3 * torch.sin(7.0 * actions.sum(-1)) + 0.05 * state[:, :1]
+
+
+def test_served_greedy_policy_estimates_hold_its_true_value_and_softmax_misses(bandit) -> None:
+    """The bar of the issue: on a contextual bandit with a known reward model, IPS and DR of
+    the policy model.pt2 serves lie within 3 SE of its true value; the softmax at the
+    default temperature, which CPE evaluated before, misses it by far more."""
+    env, data, contexts = bandit
+    q_net = NoisyOracle(env)
+
+    def greedy(ctx: Contexts) -> np.ndarray:
+        with torch.no_grad():
+            q = q_net(
+                torch.from_numpy(ctx.states).float(), torch.from_numpy(ctx.candidates).float()
+            )
+        return np.where(ctx.mask, q.double().numpy(), -np.inf).argmax(axis=1)
+
+    truth = env.true_policy_value(greedy, contexts)
+    logging_value = env.logging_value(contexts)
+    assert env.optimal_value(contexts) > truth + 0.02 and truth > logging_value + 0.05
+    out = _evaluate(env, data, q_net, None)
+    for name in ("ips", "snips", "doubly_robust", "sequential_doubly_robust"):
+        est = out[name]
+        assert abs(est["raw"] - truth) <= 3 * est["raw_std_error"], (name, est, truth)
+    assert out["direct_method"]["raw"] == pytest.approx(truth, abs=1e-5)  # exact r̂ = μ
+    assert out["diagnostics"]["effective_sample_size_rows"] > 100
+
+    old = _evaluate(env, data, q_net, 1.0)  # the softmax CPE valued before
+    for name in ("ips", "doubly_robust"):
+        est = old[name]
+        assert abs(est["raw"] - truth) > 3 * est["raw_std_error"], (name, est, truth)
+    assert old["policy"]["name"] == "softmax" and not old["policy"]["served_by_model"]
+
+
+def test_near_uniform_softmax_and_tiny_ess_warn(bandit, caplog) -> None:
+    env, data, _ = bandit
+    with caplog.at_level("WARNING", logger="reagent_lite"):
+        _evaluate(env, data, NoisyOracle(env), 1000.0)
+    assert any("near-uniform" in r.getMessage() for r in caplog.records)
+    caplog.clear()
+    few = TensorDict({k: v[:40] for k, v in data.items()})
+    with caplog.at_level("WARNING", logger="reagent_lite"):
+        _evaluate(env, few, NoisyOracle(env), None)
+    assert any("effective sample size" in r.getMessage() for r in caplog.records)

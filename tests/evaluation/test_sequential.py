@@ -202,3 +202,62 @@ def test_monte_carlo_mdp_within_three_standard_errors() -> None:
     for key, e in est.items():
         assert 0 < e.raw_std_error < 0.5, key
         assert abs(e.raw - true_value) < 3 * e.raw_std_error, (key, e.raw, true_value)
+
+
+# Horizon's `compute_episode_value_from_samples` example: (mdp_id, sequence_number, reward)
+# at γ = 0.5, discounting by γ^(sequence-number gap); the value from each step onward.
+HORIZON_SAMPLES = [
+    ("1", 3, 1.0), ("1", 5, 2.0), ("1", 6, 1.0),
+    ("3", 10, 2.0), ("3", 11, 1.0),
+    ("6", 2, 3.0), ("6", 4, 2.0), ("6", 5, 0.0), ("6", 8, 1.0),
+]  # fmt: skip
+HORIZON_VALUES = [1.625, 2.5, 1.0, 2.5, 1.0, 3.515625, 2.0625, 0.125, 1.0]
+
+
+def _time_diffs(ids: list[str], seq: list[int]) -> np.ndarray:
+    """Each step's gap to the next step of its episode (1 for the last), as the timeline
+    writes `time_diff` and training discounts γ^time_diff."""
+    out = np.ones(len(ids))
+    for i in range(len(ids) - 1):
+        if ids[i + 1] == ids[i]:
+            out[i] = seq[i + 1] - seq[i]
+    return out
+
+
+@pytest.mark.parametrize("start", range(len(HORIZON_SAMPLES)))
+def test_discounting_follows_time_diff_as_training_does(start: int) -> None:
+    """On-policy (π = μ), with q̂ = v̂ = 0, every estimator is the logged discounted return:
+    from each step of Horizon's example onward it is Horizon's value (by step position it
+    would be 2.25 / 2.5 / 4.125 for the three episodes)."""
+    ep = HORIZON_SAMPLES[start][0]
+    rows = [s for s in HORIZON_SAMPLES[start:] if s[0] == ep]
+    ids, seq, rewards = [r[0] for r in rows], [r[1] for r in rows], [r[2] for r in rows]
+    n = len(rows)
+    out = sequential_estimates(
+        np.array(ids),
+        np.array(seq),
+        np.array(rewards),
+        np.full(n, 0.5),
+        np.full(n, 0.5),
+        np.zeros(n),
+        np.zeros(n),
+        gamma=0.5,
+        time_diffs=_time_diffs(ids, seq),
+        n_bootstrap=0,
+    )
+    for name in ("sequential_doubly_robust", "weighted_doubly_robust", "magic"):
+        assert out[name].raw == HORIZON_VALUES[start], name
+
+
+def test_whole_horizon_example_and_position_discounting_without_time_diffs() -> None:
+    ids = np.array([s[0] for s in HORIZON_SAMPLES])
+    seq = np.array([s[1] for s in HORIZON_SAMPLES])
+    rewards = np.array([s[2] for s in HORIZON_SAMPLES])
+    n = len(ids)
+    args = (ids, seq, rewards, np.ones(n), np.ones(n), np.zeros(n), np.zeros(n))
+    timed = sequential_estimates(
+        *args, gamma=0.5, time_diffs=_time_diffs(list(ids), list(seq)), n_bootstrap=0
+    )
+    assert timed["sequential_doubly_robust"].raw == pytest.approx((1.625 + 2.5 + 3.515625) / 3)
+    by_position = sequential_estimates(*args, gamma=0.5, n_bootstrap=0)
+    assert by_position["sequential_doubly_robust"].raw == pytest.approx((2.25 + 2.5 + 4.125) / 3)

@@ -154,3 +154,22 @@ def test_deterministic_and_row_order_invariant() -> None:
 def test_shape_mismatch_is_an_error() -> None:
     with pytest.raises(ValueError, match="match feature_ids"):
         fit_normalization(np.zeros((3, 2)), ["1"])
+
+
+def test_boxcox_fit_and_module_share_one_floor() -> None:
+    """The sample's smallest value (shifted to 0, floored) normalizes in the exported
+    module exactly as fitting transformed it, so the fitted mean and stddev describe what
+    the network sees: mean 0 and stddev 1 over the sample."""
+    from reagent_lite.normalization import Preprocessor
+    from reagent_lite.normalization.params import BOXCOX_MIN_BASE
+
+    x = np.exp(np.random.default_rng(4).normal(0.0, 1.0, 400))
+    x[:40] = x.min()  # many rows at the minimum: a floor mismatch shows in the mean
+    p = fit_feature(x, FeatureType.BOXCOX)
+    assert p.feature_type is FeatureType.BOXCOX and p.boxcox_lambda is not None
+    fitted_min = boxcox_transform(np.array([BOXCOX_MIN_BASE]), p.boxcox_lambda) - p.mean
+    pre = Preprocessor(["0"], {"0": p})
+    values = torch.tensor(x, dtype=torch.float32)[:, None]
+    y = pre(values, torch.ones_like(values)).double().numpy()[:, 0]
+    assert y[0] == pytest.approx(fitted_min[0] / p.stddev, rel=1e-4)
+    assert abs(y.mean()) < 1e-3 and y.std(ddof=1) == pytest.approx(1.0, abs=1e-3)

@@ -1,0 +1,143 @@
+"""How far the CPE estimates of a policy can be trusted: effective sample sizes, ties and
+closeness to uniform, and the log lines that print them beside the estimates.
+
+Pure numpy on the arrays the evaluator already has; no models, no I/O, no ranks.
+
+* Effective sample size (Kish): `(Σ w)² / Σ w²` of the importance weights, per row for the
+  one-step estimators and per episode (the product of an episode's per-step ratios) for the
+  sequential ones. For the greedy policy a weight is 1/μ where the logger took the served
+  action and 0 elsewhere, so the ESS is roughly the number of such rows: an IPS or DR
+  estimate rests on them alone, whatever the table's size.
+* A softmax whose top probability is close to 1/#candidates is nearly uniform: its value
+  says little about the greedy policy that is served.
+* Rows whose best Q is tied between candidates are served the first of them; many ties
+  usually mean candidates the network cannot tell apart (see the normalization warnings).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import numpy as np
+
+log = logging.getLogger("reagent_lite")
+
+# Below this effective sample size (rows or episodes) a bootstrap standard error is itself
+# unreliable and the estimate rests on a handful of logged decisions.
+MIN_EFFECTIVE_SAMPLES = 30.0
+# ... or below this fraction of the rows / episodes evaluated.
+MIN_EFFECTIVE_FRACTION = 0.01
+# A policy whose mean top probability is within this factor of uniform's is "near-uniform".
+NEAR_UNIFORM_FACTOR = 1.1
+# Warn when more than this fraction of rows (with several candidates) tie at the top Q.
+MAX_TIED_FRACTION = 0.1
+
+_SHOWN = ("ips", "doubly_robust", "sequential_doubly_robust", "magic")
+
+
+def effective_sample_size(weights: np.ndarray) -> float:
+    """Kish's effective sample size `(Σ w)² / Σ w²` (0 when every weight is 0)."""
+    w = np.asarray(weights, dtype=np.float64).reshape(-1)
+    sq = float(np.sum(w * w))
+    return float(np.sum(w)) ** 2 / sq if sq > 0.0 else 0.0
+
+
+def policy_diagnostics(
+    *,
+    q: np.ndarray,
+    probs: np.ndarray,
+    mask: np.ndarray,
+    ratio: np.ndarray,
+    keep: np.ndarray,
+    mdp_ids: np.ndarray,
+) -> dict[str, float]:
+    """Diagnostics of an evaluated policy on the eval rows.
+
+    `q`, `probs`, `mask` [N, K]: Q, the policy's probabilities, the candidates; `ratio` [N]:
+    π(logged action) / μ(logged action) (0 where the policy cannot take it); `keep` [N]:
+    rows with candidates (those the one-step estimators score); `mdp_ids` [N] episodes.
+    """
+    rows = int(keep.sum())
+    w_rows = ratio[keep]
+    codes = np.unique(mdp_ids, return_inverse=True)[1].reshape(-1)
+    # Product of each episode's per-step ratios, through logs (a ratio of 0 gives -inf → 0).
+    with np.errstate(divide="ignore"):
+        log_r = np.log(np.asarray(ratio, dtype=np.float64))
+    episode_log = np.zeros(int(codes.max()) + 1 if codes.size else 0)
+    np.add.at(episode_log, codes, log_r)
+    with np.errstate(over="ignore"):
+        w_episodes = np.exp(episode_log)
+    n_cand = mask[keep].sum(axis=1)
+    several = n_cand >= 2
+    q_valid = np.where(mask[keep], q[keep], -np.inf)
+    top = q_valid.max(axis=1, keepdims=True) if rows else np.zeros((0, 1))
+    ties = (q_valid == top).sum(axis=1) >= 2
+    return {
+        "effective_sample_size_rows": effective_sample_size(w_rows),
+        "rows": float(rows),
+        "effective_sample_size_episodes": effective_sample_size(w_episodes),
+        "episodes": float(episode_log.size),
+        # The mean importance weight (SNIPS's denominator / rows): ≈ 1 when the propensities
+        # are right, whatever the policy; far from 1 means μ or the rows are off.
+        "mean_importance_weight": _mean(w_rows),
+        "mean_top_probability": _mean(probs[keep].max(axis=1)) if rows else float("nan"),
+        "uniform_top_probability": _mean(1.0 / np.maximum(n_cand, 1)),
+        "tied_top_q_fraction": _mean(ties[several]),
+    }
+
+
+def _mean(x: np.ndarray) -> float:
+    return float(np.mean(x)) if np.size(x) else float("nan")
+
+
+def diagnostic_warnings(diag: dict[str, float], label: str) -> list[str]:
+    """What is wrong with the estimates of `label`'s policy, one sentence each."""
+    out: list[str] = []
+    for unit in ("rows", "episodes"):
+        ess, n = diag[f"effective_sample_size_{unit}"], diag[unit]
+        if n > 0 and (ess < MIN_EFFECTIVE_SAMPLES or ess < MIN_EFFECTIVE_FRACTION * n):
+            out.append(
+                f"CPE of the {label}: effective sample size {ess:.1f} of {n:.0f} {unit}: the "
+                f"{'one-step' if unit == 'rows' else 'sequential'} estimates rest on a handful "
+                "of logged decisions (the logger rarely took the evaluated policy's action); "
+                "do not trust them, nor their standard errors"
+            )
+    top, uniform = diag["mean_top_probability"], diag["uniform_top_probability"]
+    if uniform < 1.0 and top <= NEAR_UNIFORM_FACTOR * uniform:
+        out.append(
+            f"CPE of the {label}: the policy is near-uniform (mean top probability {top:.3f}, "
+            f"uniform {uniform:.3f}): its value says little about the greedy policy that "
+            "model.pt2 serves"
+        )
+    tied = diag["tied_top_q_fraction"]
+    if tied > MAX_TIED_FRACTION:
+        out.append(
+            f"{tied:.0%} of the eval rows tie at the top Q between candidates: model.pt2 "
+            "serves the first of them; candidates that look identical to the network usually "
+            "mean features that normalize to a constant (see the normalization warnings)"
+        )
+    return out
+
+
+def warn_and_summarize(cpe: dict[str, Any], label: str) -> None:
+    """Logs the headline estimates with their effective sample sizes, then the warnings."""
+    diag = cpe["diagnostics"]
+    parts = []
+    for name in _SHOWN:
+        est = cpe.get(name)
+        if est and est.get("normalized") is not None:
+            se = est.get("normalized_std_error")
+            parts.append(f"{name} {est['normalized']:.3f}" + (f" ± {se:.3f}" if se else ""))
+    log.info(
+        "CPE of the %s, relative to the logger: %s; effective sample size %.1f of %.0f rows, "
+        "%.1f of %.0f episodes",
+        label,
+        ", ".join(parts) or "no estimate",
+        diag["effective_sample_size_rows"],
+        diag["rows"],
+        diag["effective_sample_size_episodes"],
+        diag["episodes"],
+    )
+    for message in diagnostic_warnings(diag, label):
+        log.warning("%s", message)
