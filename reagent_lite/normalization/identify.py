@@ -51,10 +51,13 @@ def identify_type(
     """ReAgent's rule: BINARY ⊂ PROBABILITY ⊂ ENUM ⊂ CONTINUOUS, first match wins.
 
     `sample` is 1-D, finite and non-empty. Box-Cox and quantile refinement of
-    CONTINUOUS happen in `fit_feature`.
+    CONTINUOUS happen in `fit_feature`. A feature seen with one value only (a sparse
+    one-hot, `{"10": 1.0}` when present and absent otherwise) is BINARY, as in Horizon:
+    any other type would normalize that value to the 0 an absent feature gets (a
+    CONTINUOUS mean, a PROBABILITY of 0.5), so presence, all it carries, would be lost.
     """
     uniq = np.unique(sample)
-    if np.all((uniq == 0.0) | (uniq == 1.0)):
+    if len(uniq) == 1 or np.all((uniq == 0.0) | (uniq == 1.0)):
         return FeatureType.BINARY
     lo, hi = float(uniq[0]), float(uniq[-1])
     if lo >= 0.0 and hi <= 1.0:
@@ -272,6 +275,17 @@ def fit_feature(
     return continuous
 
 
+def _action_default(column: np.ndarray) -> FeatureType:
+    """CONTINUOUS_ACTION (ReAgent's default for action features), except for a feature seen
+    with a single value: min = max would map it to 0, the value of an absent feature, and
+    the candidates of a sparse one-hot action map (`{"10": 1.0}` / `{"11": 1.0}`) would all
+    look the same to the network. Such a feature is BINARY (present and non-zero → 1)."""
+    present = column[np.isfinite(column)]
+    if len(present) and np.all(present == present[0]):
+        return FeatureType.BINARY
+    return FeatureType.CONTINUOUS_ACTION
+
+
 def fit_normalization(
     values: Any,
     feature_ids: Sequence[str],
@@ -288,7 +302,7 @@ def fit_normalization(
 
     `feature_overrides` forces a type per feature id; `action=True` makes CONTINUOUS_ACTION
     the default for features not overridden (ReAgent's `default_feature_override` for
-    action features). `max_quantiles` is ReAgent's `quantile_size`: the number of quantile
+    action features), BINARY for those seen with a single value (`_action_default`). `max_quantiles` is ReAgent's `quantile_size`: the number of quantile
     intervals (at most `max_quantiles + 1` boundaries). Pure and deterministic.
     """
     if hasattr(values, "detach"):  # torch.Tensor without importing torch here
@@ -309,13 +323,12 @@ def fit_normalization(
     unknown = sorted(set(overrides) - set(feature_ids))
     if unknown:
         logger.warning("feature_overrides name features not in the sample: %s", unknown)
-    default = FeatureType.CONTINUOUS_ACTION if action else None
 
     def fit(j: int) -> NormalizationParameters:
         fid = feature_ids[j]
         return fit_feature(
             arr[:, j],
-            overrides.get(fid, default),
+            overrides.get(fid, _action_default(arr[:, j]) if action else None),
             max_unique_enum_values=max_unique_enum_values,
             max_quantiles=max_quantiles,
             quantile_k2_threshold=quantile_k2_threshold,

@@ -25,6 +25,7 @@ from reagent_lite.data.tensordict import TensorDict
 from reagent_lite.distributed.context import DistContext
 from reagent_lite.errors import ConfigError
 from reagent_lite.kinds import FeatureSpace, Kind
+from reagent_lite.normalization.checks import warn_constant_features
 from reagent_lite.normalization.identify import fit_normalization
 from reagent_lite.normalization.module import Preprocessor
 from reagent_lite.normalization.params import NormalizationParameters, load_normalization
@@ -88,6 +89,7 @@ def _normalization(
     per_rank = max(1, cfg.normalization_sample_size // ctx.world_size)
     samples = kind.norm_samples(raw, per_rank, cfg.seed + ctx.rank)
     for name, path in given.items():
+        sample = samples[name]
         if path:
             norm[name] = load_normalization(Path(path))
             missing = [f for f in space.ids(name) if f not in norm[name]]
@@ -96,13 +98,14 @@ def _normalization(
                     f"{name}_norm_data_path: {path} has no parameters for feature ids "
                     f"{missing[:10]} found in the training data"
                 )
-            continue
-        # Every rank contributes its sample; rank 0 fits and broadcasts.
-        gathered = ctx.all_gather_object(samples[name])
-        fitted = None
-        if ctx.is_rank_zero:
-            fitted = fit_normalization(
-                np.concatenate(gathered, axis=0), space.ids(name), action=(name == "action")
-            )
-        norm[name] = ctx.broadcast_object(fitted)
+        else:
+            # Every rank contributes its sample; rank 0 fits and broadcasts.
+            gathered = ctx.all_gather_object(sample)
+            fitted = None
+            if ctx.is_rank_zero:
+                sample = np.concatenate(gathered, axis=0)
+                fitted = fit_normalization(sample, space.ids(name), action=(name == "action"))
+            norm[name] = ctx.broadcast_object(fitted)
+        if ctx.is_rank_zero:  # rank 0's sample (all ranks' when fitted) shows the rest
+            warn_constant_features(name, Preprocessor(space.ids(name), norm[name]), sample)
     return norm

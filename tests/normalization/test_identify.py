@@ -123,8 +123,10 @@ def test_missing_values_ignored_and_absent_feature() -> None:
 def test_small_and_constant_samples() -> None:
     few = fit_feature(np.exp(np.arange(5.0)))  # too few for Box-Cox/quantile tests
     assert few.feature_type is FeatureType.CONTINUOUS
+    # One value seen: BINARY (CONTINUOUS would normalize it to 0, the input of an absent
+    # feature; see tests/normalization/test_checks.py).
     const = fit_feature(np.full(100, 2.5))
-    assert (const.feature_type, const.mean, const.stddev) == (FeatureType.CONTINUOUS, 2.5, 1.0)
+    assert (const.feature_type, const.min_value, const.max_value) == (FeatureType.BINARY, 2.5, 2.5)
     # A forced transform that cannot be fitted falls back to CONTINUOUS.
     assert fit_feature(np.full(100, 2.5), FeatureType.BOXCOX).feature_type is (
         FeatureType.CONTINUOUS
