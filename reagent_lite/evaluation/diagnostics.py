@@ -39,6 +39,9 @@ _SHOWN = ("ips", "doubly_robust", "sequential_doubly_robust", "magic")
 def effective_sample_size(weights: np.ndarray) -> float:
     """Kish's effective sample size `(Σ w)² / Σ w²` (0 when every weight is 0)."""
     w = np.asarray(weights, dtype=np.float64).reshape(-1)
+    top = float(np.max(w)) if w.size else 0.0
+    if top > 0.0:
+        w = w / top  # scale-free, and no overflow in the squares
     sq = float(np.sum(w * w))
     return float(np.sum(w)) ** 2 / sq if sq > 0.0 else 0.0
 
@@ -66,8 +69,10 @@ def policy_diagnostics(
         log_r = np.log(np.asarray(ratio, dtype=np.float64))
     episode_log = np.zeros(int(codes.max()) + 1 if codes.size else 0)
     np.add.at(episode_log, codes, log_r)
-    with np.errstate(over="ignore"):
-        w_episodes = np.exp(episode_log)
+    # ESS is scale-free: shift the logs so that long episodes' products cannot overflow.
+    finite = episode_log[np.isfinite(episode_log)]
+    shift = float(finite.max()) if finite.size else 0.0
+    w_episodes = np.exp(episode_log - shift)
     n_cand = mask[keep].sum(axis=1)
     several = n_cand >= 2
     q_valid = np.where(mask[keep], q[keep], -np.inf)

@@ -387,3 +387,25 @@ def test_near_uniform_softmax_and_tiny_ess_warn(bandit, caplog) -> None:
     with caplog.at_level("WARNING", logger="reagent_lite"):
         _evaluate(env, few, NoisyOracle(env), None)
     assert any("effective sample size" in r.getMessage() for r in caplog.records)
+
+
+def test_effective_sample_size_is_scale_free_and_survives_long_episodes() -> None:
+    from reagent_lite.evaluation.diagnostics import effective_sample_size, policy_diagnostics
+
+    assert effective_sample_size(np.array([1.0, 1.0, 0.0, 2.0])) == pytest.approx(16.0 / 6.0)
+    assert effective_sample_size(np.array([3e200, 3e200])) == pytest.approx(2.0)
+    assert effective_sample_size(np.zeros(3)) == 0.0
+    # Two 600-step episodes on which greedy always agrees with a uniform logger over two
+    # actions: each episode's weight is 2^600 (beyond float64's exp), equal, so ESS = 2.
+    n = 1200
+    q = np.tile([[1.0, 0.0]], (n, 1))
+    diag = policy_diagnostics(
+        q=q,
+        probs=np.tile([[1.0, 0.0]], (n, 1)),
+        mask=np.ones((n, 2), dtype=bool),
+        ratio=np.full(n, 2.0),
+        keep=np.ones(n, dtype=bool),
+        mdp_ids=np.repeat([0, 1], n // 2),
+    )
+    assert diag["effective_sample_size_episodes"] == pytest.approx(2.0)
+    assert diag["effective_sample_size_rows"] == pytest.approx(n)
