@@ -28,8 +28,10 @@ log = logging.getLogger("reagent_lite")
 MIN_EFFECTIVE_SAMPLES = 30.0
 # ... or below this fraction of the rows / episodes evaluated.
 MIN_EFFECTIVE_FRACTION = 0.01
-# A policy whose mean top probability is within this factor of uniform's is "near-uniform".
-NEAR_UNIFORM_FACTOR = 1.1
+# A policy whose mean top probability has gone less than this fraction of the way from
+# uniform's (1/#candidates) to a deterministic policy's (1) is "near-uniform": e.g. a
+# softmax over 80 candidates with mean top probability 0.016 (uniform: 0.0125).
+NEAR_UNIFORM_FRACTION = 0.1
 # Warn when more than this fraction of rows (with several candidates) tie at the top Q.
 MAX_TIED_FRACTION = 0.1
 
@@ -109,7 +111,7 @@ def diagnostic_warnings(diag: dict[str, float], label: str) -> list[str]:
                 "do not trust them, nor their standard errors"
             )
     top, uniform = diag["mean_top_probability"], diag["uniform_top_probability"]
-    if uniform < 1.0 and top <= NEAR_UNIFORM_FACTOR * uniform:
+    if uniform < 1.0 and (top - uniform) < NEAR_UNIFORM_FRACTION * (1.0 - uniform):
         out.append(
             f"CPE of the {label}: the policy is near-uniform (mean top probability {top:.3f}, "
             f"uniform {uniform:.3f}): its value says little about the greedy policy that "

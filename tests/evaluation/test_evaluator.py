@@ -409,3 +409,25 @@ def test_effective_sample_size_is_scale_free_and_survives_long_episodes() -> Non
     )
     assert diag["effective_sample_size_episodes"] == pytest.approx(2.0)
     assert diag["effective_sample_size_rows"] == pytest.approx(n)
+
+
+@pytest.mark.parametrize(
+    ("top", "candidates", "warns"),
+    [(0.016, 80, True), (0.3, 80, False), (0.52, 2, True), (0.75, 2, False), (1.0, 2, False)],
+)
+def test_near_uniform_is_judged_between_uniform_and_deterministic(
+    top: float, candidates: int, warns: bool
+) -> None:
+    from reagent_lite.evaluation.diagnostics import diagnostic_warnings
+
+    diag = {
+        "effective_sample_size_rows": 1000.0,
+        "rows": 1000.0,
+        "effective_sample_size_episodes": 1000.0,
+        "episodes": 1000.0,
+        "mean_top_probability": top,
+        "uniform_top_probability": 1.0 / candidates,
+        "tied_top_q_fraction": 0.0,
+    }
+    got = diagnostic_warnings(diag, "softmax policy")
+    assert any("near-uniform" in m for m in got) == warns
