@@ -1,7 +1,7 @@
 """The command line shared by the workflows, and the one place errors become exit codes.
 
     python -m workflows.dqn_workflow --config x.json [--node_index=n] [--dry_run]
-                                     [--resume] [--run_id ID]
+                                     [--resume] [--run_id ID] [key.path=value ...]
 
 Flag problems exit 2 (argparse's usage message); a `ReagentLiteError` prints its message
 (no traceback) and exits with its `exit_code`; Ctrl-C exits 130.
@@ -29,6 +29,7 @@ class WorkflowArgs:
     dry_run: bool = False
     resume: bool = False
     run_id: str | None = None
+    overrides: tuple[str, ...] = ()
 
 
 def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
@@ -71,6 +72,13 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
         default=None,
         help="name of this run, shared by all nodes (keeps a re-run apart from a crashed one)",
     )
+    parser.add_argument(
+        "overrides",
+        nargs="*",
+        metavar="key.path=value",
+        help="set config keys, e.g. training.learning_rate=1e-4 epochs=5 (values parse as "
+        "JSON when they can, else as strings; validated like the file)",
+    )
     return parser
 
 
@@ -103,16 +111,54 @@ def parse_workflow_args(
         dry_run=args.dry_run,
         resume=args.resume,
         run_id=args.run_id,
+        overrides=tuple(args.overrides),
     )
 
 
+def predict_parser(prog: str = "python -m reagent_lite.predict") -> argparse.ArgumentParser:
+    """`predict`'s flags (here, so that `--help` answers without loading torch)."""
+    parser = argparse.ArgumentParser(
+        prog=prog, description="Score a table with the model a run exported."
+    )
+    parser.add_argument(
+        "--model", required=True, help="model_output_path of a finished run (or its model.pt2)"
+    )
+    parser.add_argument(
+        "--data", required=True, help="table to score (Parquet or JSON Lines, file or dir)"
+    )
+    parser.add_argument(
+        "--output",
+        required=True,
+        help="file to write; its extension picks the format: .parquet, .csv or .jsonl",
+    )
+    parser.add_argument("--batch-size", "--batch_size", dest="batch_size", type=int, default=65_536)
+    return parser
+
+
+def report_parser(prog: str = "python -m reagent_lite.report") -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog=prog, description="Draw a run's training and CPE curves as a PNG."
+    )
+    parser.add_argument("--run", required=True, type=Path, help="model_output_path of a run")
+    parser.add_argument(
+        "--output", type=Path, default=None, help="PNG path (default: <run>/report.png)"
+    )
+    return parser
+
+
+LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+LOG_DATE_FORMAT = "%Y-%m-%d %H:%M:%S"
+
+
 def configure_logging(level: int = logging.INFO) -> None:
-    """Plain `LEVEL name: message` lines on stderr, unless the caller configured logging."""
+    """One format on every line (`<time> LEVEL logger: message`) on stderr, Python warnings
+    included; only the command line calls this, and not when logging is already set up."""
     root = logging.getLogger()
     if not root.handlers:
         logging.basicConfig(
-            level=level, format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr
+            level=level, format=LOG_FORMAT, datefmt=LOG_DATE_FORMAT, stream=sys.stderr
         )
+        logging.captureWarnings(True)
 
 
 def run_cli(main_fn: Callable[[], None]) -> None:

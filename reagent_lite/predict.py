@@ -1,7 +1,7 @@
 """Score a table with an exported model: `python -m reagent_lite.predict`.
 
     python -m reagent_lite.predict --model outputs/cartpole_dqn --data eval.parquet \
-        --output scores.parquet
+        --output scores.parquet        # or .csv / .jsonl: the extension picks the format
 
 dqn adds `q_values` (in the order of `actions`) and `best_action`; parametric_dqn adds
 `candidate_scores` (one per entry of `possible_actions`), `ranked_candidates` (indices,
@@ -10,7 +10,6 @@ best first) and `best_candidate`.
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from pathlib import Path
@@ -18,9 +17,9 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.parquet as pq
 import torch
 
+from reagent_lite.cli import predict_parser
 from reagent_lite.data.arrow import is_dense, list_lengths
 from reagent_lite.data.readers import read_table
 from reagent_lite.data.scatter import feature_matrix
@@ -28,8 +27,8 @@ from reagent_lite.data.schema import TableSchema, check_columns
 from reagent_lite.data.scoring import values_and_presence
 from reagent_lite.data.validate import ShardValidation
 from reagent_lite.errors import ConfigError, DataError, ReagentLiteError
-from reagent_lite.io_utils import atomic_write
 from reagent_lite.kinds import FeatureSpace, get_kind
+from reagent_lite.table_io import output_format, write_table
 
 
 def check_scored(table: pa.Table, kind: str, source: str) -> str:
@@ -96,25 +95,15 @@ class Predictor:
         return self.kind.score_rows(self.program, table, state, self.space, batch_size, source)
 
 
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(
-        prog="python -m reagent_lite.predict", description=__doc__.split("\n")[0]
-    )
-    parser.add_argument(
-        "--model", required=True, help="model_output_path of a finished run (or its model.pt2)"
-    )
-    parser.add_argument(
-        "--data", required=True, help="table to score (Parquet or JSON Lines, file or dir)"
-    )
-    parser.add_argument("--output", required=True, help="Parquet file to write")
-    parser.add_argument("--batch-size", type=int, default=65_536)
-    args = parser.parse_args(argv)
+def main(argv: list[str] | None = None, prog: str = "python -m reagent_lite.predict") -> None:
+    args = predict_parser(prog).parse_args(argv)
     try:
+        output_format(args.output)  # a bad extension fails before the model is loaded
         predictor = Predictor(args.model)
         scored = predictor.score(
             read_table(args.data), batch_size=args.batch_size, source=args.data
         )
-        atomic_write(Path(args.output), lambda tmp: pq.write_table(scored, tmp))
+        write_table(scored, args.output)
     except ReagentLiteError as err:
         print(f"error: {err}", file=sys.stderr)
         sys.exit(err.exit_code)

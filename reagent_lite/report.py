@@ -1,21 +1,27 @@
 """Training and CPE curves of a run as a PNG: `python -m reagent_lite.report --run DIR`.
 
-Needs the `plot` extra (matplotlib).
+Needs the `plot` extra (matplotlib). The CPE panel draws each estimate as the relative
+improvement over the logged policy, `(value - logged) / |logged|` (0 = as good as the
+logger, above 0 = better, whatever the sign of the logged value), with its bootstrap
+standard error as an error bar. Exit codes as the workflows: 2 bad flags / no run there /
+no matplotlib, 3 a metrics.jsonl without any epoch record.
 """
 
 from __future__ import annotations
 
-import argparse
-import sys
+import math
 from pathlib import Path
 from typing import Any
 
+from reagent_lite.cli import report_parser, run_cli
+from reagent_lite.errors import ConfigError, DataError
 from reagent_lite.io_utils import atomic_write
 from reagent_lite.training.metrics import read_metrics
 
 _ESTIMATORS = (
     "direct_method",
     "ips",
+    "snips",
     "doubly_robust",
     "sequential_doubly_robust",
     "weighted_doubly_robust",
@@ -40,6 +46,30 @@ def _policy_name(records: list[dict[str, Any]]) -> str:
     return "greedy policy model.pt2 serves"
 
 
+def improvement(estimate: dict[str, Any] | None) -> tuple[float, float] | None:
+    """(relative improvement over the logged policy, its standard error) of one CPE
+    estimate, or None when it cannot be told (no estimate, a zero logged value).
+
+    `normalized` is value / logged; when the logged value is negative a better policy has
+    a *smaller* ratio, so the sign of the logged value (= sign(raw) · sign(normalized))
+    turns the ratio into an improvement that is above 0 exactly when the policy is better."""
+    if not estimate:
+        return None
+    raw, ratio = estimate.get("raw"), estimate.get("normalized")
+    if not _finite(raw) or not _finite(ratio) or ratio == 0:
+        return None
+    assert raw is not None and ratio is not None
+    logged_sign = math.copysign(1.0, raw) * math.copysign(1.0, ratio)
+    if raw == 0:
+        logged_sign = 1.0 if ratio > 0 else -1.0
+    err = estimate.get("normalized_std_error")
+    return logged_sign * (ratio - 1.0), float(err) if err is not None and _finite(err) else 0.0
+
+
+def _finite(value: Any) -> bool:
+    return isinstance(value, int | float) and math.isfinite(value)
+
+
 def draw_report(run_dir: Path, output: Path | None = None) -> Path:
     try:
         import matplotlib
@@ -48,11 +78,19 @@ def draw_report(run_dir: Path, output: Path | None = None) -> Path:
         import matplotlib.pyplot as plt
         from matplotlib.ticker import MaxNLocator
     except ImportError as err:  # pragma: no cover - depends on the environment
-        raise SystemExit("report needs matplotlib: pip install 'reagent-lite[plot]'") from err
+        raise ConfigError("report needs matplotlib: pip install 'reagent-lite[plot]'") from err
     metrics = run_dir / "metrics.jsonl"
     if not metrics.is_file():
-        raise SystemExit(f"--run: no metrics.jsonl in '{run_dir}'")
-    records = epoch_records(read_metrics(metrics))
+        raise ConfigError(f"--run: no metrics.jsonl in '{run_dir}' (expected a run's output)")
+    try:
+        records = epoch_records(read_metrics(metrics))
+    except ValueError as err:
+        raise DataError(f"{metrics}: not JSON Lines ({err})") from None
+    if not records:
+        raise DataError(
+            f"{metrics}: no epoch record (expected at least one line with 'epoch', 'loss' "
+            "and 'transitions_per_s'): nothing to draw"
+        )
     epochs = [r["epoch"] + 1 for r in records]
     fig, (ax_loss, ax_cpe) = plt.subplots(1, 2, figsize=(11, 4))
     for ax in (ax_loss, ax_cpe):
@@ -68,12 +106,23 @@ def draw_report(run_dir: Path, output: Path | None = None) -> Path:
     ax_loss.legend()
     ax_loss.set_title("training")
     for name in _ESTIMATORS:
-        values = [r.get("cpe", {}).get(name, {}).get("normalized") for r in records]
-        if any(v is not None for v in values):
-            ax_cpe.plot(epochs, values, marker=".", label=name)
-    ax_cpe.axhline(1.0, color="grey", linestyle="--", linewidth=1, label="logged policy")
+        points = [
+            (epoch, imp)
+            for epoch, r in zip(epochs, records, strict=True)
+            if (imp := improvement((r.get("cpe") or {}).get(name))) is not None
+        ]
+        if points:
+            ax_cpe.errorbar(
+                [e for e, _ in points],
+                [v for _, (v, _) in points],
+                yerr=[se for _, (_, se) in points],
+                marker=".",
+                capsize=3,
+                label=name,
+            )
+    ax_cpe.axhline(0.0, color="grey", linestyle="--", linewidth=1, label="logged policy")
     ax_cpe.set_xlabel("epoch")
-    ax_cpe.set_ylabel("value / logged value")
+    ax_cpe.set_ylabel("(value - logged) / |logged|  (± std. error)")
     ax_cpe.set_title(f"CPE of the {_policy_name(records)}", fontsize=9)
     ax_cpe.legend(fontsize=7)
     fig.tight_layout()
@@ -85,17 +134,9 @@ def draw_report(run_dir: Path, output: Path | None = None) -> Path:
     return path
 
 
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(
-        prog="python -m reagent_lite.report", description=__doc__.split("\n")[0]
-    )
-    parser.add_argument("--run", required=True, type=Path, help="model_output_path of a run")
-    parser.add_argument(
-        "--output", type=Path, default=None, help="PNG path (default: <run>/report.png)"
-    )
-    args = parser.parse_args(argv)
-    path = draw_report(args.run, args.output)
-    print(f"report: {path}", file=sys.stdout)
+def main(argv: list[str] | None = None, prog: str = "python -m reagent_lite.report") -> None:
+    args = report_parser(prog).parse_args(argv)
+    run_cli(lambda: print(f"report: {draw_report(args.run, args.output)}"))
 
 
 if __name__ == "__main__":

@@ -23,15 +23,17 @@ _PROGS = {
 }
 
 
-def main(kind: WorkflowKind, argv: list[str] | None = None) -> None:
+def main(kind: WorkflowKind, argv: list[str] | None = None, prog: str | None = None) -> None:
     """Entry point of the workflow `kind`; exits with the error's code on failure."""
-    run_cli(lambda: _main(kind, argv))
+    run_cli(lambda: _main(kind, argv, prog or _PROGS[kind]))
 
 
-def _main(kind: WorkflowKind, argv: list[str] | None) -> None:
+def _main(kind: WorkflowKind, argv: list[str] | None, prog: str) -> None:
     configure_logging()
-    args = parse_workflow_args(argv, prog=_PROGS[kind])
-    cfg: WorkflowConfig = load_config(args.config, config_class(kind))
+    args = parse_workflow_args(argv, prog=prog)
+    cfg: WorkflowConfig = load_config(
+        args.config, config_class(kind), overrides=list(args.overrides)
+    )
     check_node_index(cfg, args.node_index, str(args.config))
     # Absolute paths from here on, so every process and node means the same files.
     cfg = cfg.resolved()
@@ -41,7 +43,14 @@ def _main(kind: WorkflowKind, argv: list[str] | None) -> None:
         return
     from reagent_lite.training.entry import run_training
 
-    run_training(kind, cfg, args)
+    out = run_training(kind, cfg, args, cli_logging=True)
+    if out is not None:
+        print(
+            f"model: {out / 'model.pt2'}\nmetadata: {out / 'model_meta.json'}\n"
+            f"metrics: {out / 'metrics.jsonl'}"
+        )
+        if (out / "report.png").is_file():
+            print(f"report: {out / 'report.png'}")
 
 
 def check_node_index(cfg: WorkflowConfig, node_index: int, source: str) -> None:

@@ -29,6 +29,7 @@ from reagent_lite.config.models import (
     DQNWorkflowConfig,
     ParametricDQNWorkflowConfig,
 )
+from reagent_lite.config.overrides import Overrides, apply_overrides
 from reagent_lite.errors import ConfigError
 
 logger = logging.getLogger("reagent_lite.config")
@@ -101,8 +102,33 @@ def config_class(kind: str) -> type[DQNWorkflowConfig] | type[ParametricDQNWorkf
     raise ValueError(f"unknown workflow kind {kind!r}")
 
 
-def load_config(path: str | os.PathLike[str], cls: type[T]) -> T:
-    """Read, migrate and validate the JSON config at `path` as `cls`; `ConfigError` if bad."""
+def infer_kind(data: Any) -> str:
+    """The workflow a raw config is for: its `workflow` key, else dqn when it lists
+    `actions` (only dqn configs do), else parametric_dqn when it has a key only parametric
+    configs have; dqn otherwise (whose validation then names what is missing)."""
+    if isinstance(data, dict):
+        if data.get("workflow") in ("dqn", "parametric_dqn"):
+            return str(data["workflow"])
+        if "actions" not in data and {"action_norm_data_path", "max_candidates"} & data.keys():
+            return "parametric_dqn"
+    return "dqn"
+
+
+def load_config(
+    path: str | os.PathLike[str], cls: type[T], *, overrides: Overrides | None = None
+) -> T:
+    """Read, migrate and validate the JSON config at `path` as `cls`, with `overrides`
+    (`key.path=value` strings or a mapping) applied first; `ConfigError` if bad."""
+    data = read_config_file(path)
+    source = str(path)
+    if overrides and isinstance(data, dict):
+        data = apply_overrides(data, overrides)
+        source = f"{source} + overrides"
+    return config_from_dict(data, cls, source=source)
+
+
+def read_config_file(path: str | os.PathLike[str]) -> Any:
+    """The parsed JSON of a config file, not yet validated; `ConfigError` if unreadable."""
     source = str(path)
     p = Path(path)
     try:
@@ -121,7 +147,7 @@ def load_config(path: str | os.PathLike[str], cls: type[T]) -> T:
         ) from None
     except ValueError as exc:
         raise ConfigError(f"{source}: not valid JSON: {exc}") from None
-    return config_from_dict(data, cls, source=source)
+    return data
 
 
 def config_from_dict(data: Any, cls: type[T], source: str = "<config>") -> T:

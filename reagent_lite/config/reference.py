@@ -7,7 +7,6 @@ fails when it drifts, so the README's reference can never disagree with the code
 from __future__ import annotations
 
 import json
-from pathlib import Path
 from typing import Any, Literal, get_args, get_origin
 
 from pydantic import BaseModel
@@ -15,8 +14,9 @@ from pydantic_core import PydanticUndefined
 
 from reagent_lite.config.loader import model_of_annotation
 from reagent_lite.config.models import DQNWorkflowConfig, ParametricDQNWorkflowConfig
+from reagent_lite.resources import config_reference_path
 
-REFERENCE_PATH = Path(__file__).resolve().parents[2] / "docs" / "CONFIG.md"
+REFERENCE_PATH = config_reference_path()
 
 
 def _type_name(annotation: Any) -> str:

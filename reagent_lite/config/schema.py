@@ -3,6 +3,10 @@
     python -m reagent_lite.config.schema            # (re)write schemas/*.schema.json
     python -m reagent_lite.config.schema --check    # exit 1 if they drifted from the models
 
+From an installed package (no checkout) `--check` compares the schemas and config
+reference shipped inside the package with its models; writing needs `--out-dir`, since an
+installed package's own files are never rewritten.
+
 The schemas describe the config *file* as `load_config` accepts it: the models, plus the
 `$schema` key, plus Horizon's compatibility keys (marked `deprecated`), so that a
 Horizon-era config validates in an editor just as it loads. Neither this module nor
@@ -23,8 +27,9 @@ from pydantic import BaseModel
 from reagent_lite.config.loader import _ANY, HORIZON_IGNORED, HORIZON_RENAMED
 from reagent_lite.config.models import DQNWorkflowConfig, ParametricDQNWorkflowConfig
 from reagent_lite.config.reference import REFERENCE_PATH, render_reference
+from reagent_lite.resources import in_checkout, schema_dir
 
-SCHEMA_DIR = Path(__file__).resolve().parents[2] / "schemas"
+SCHEMA_DIR = schema_dir()
 SCHEMA_FILES: dict[str, type[BaseModel]] = {
     "dqn_workflow.schema.json": DQNWorkflowConfig,
     "parametric_dqn_workflow.schema.json": ParametricDQNWorkflowConfig,
@@ -129,8 +134,24 @@ def main(argv: list[str] | None = None) -> int:
         description="Write the workflow config JSON Schemas (or check they are up to date).",
     )
     parser.add_argument("--check", action="store_true", help="exit 1 if the files drifted")
-    parser.add_argument("--out-dir", type=Path, default=SCHEMA_DIR, help="schema directory")
+    parser.add_argument(
+        "--out-dir",
+        "--out_dir",
+        dest="out_dir",
+        type=Path,
+        default=None,
+        help=f"schema directory (default: {SCHEMA_DIR})",
+    )
     args = parser.parse_args(argv)
+    if args.out_dir is None:
+        if not args.check and not in_checkout():
+            print(
+                "--out-dir: required outside a source checkout (the installed package's "
+                "own schemas are never rewritten)",
+                file=sys.stderr,
+            )
+            return 2
+        args.out_dir = SCHEMA_DIR
     if args.check:
         bad = drifted(args.out_dir)
         if args.out_dir == SCHEMA_DIR and (

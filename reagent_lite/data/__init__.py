@@ -7,38 +7,38 @@ shard (`ingest`), a window streamed from disk (`windows.load_units`), an eval ta
 same scatter tensorizes the tables `predict` scores.
 """
 
-from reagent_lite.data.ingest import Layout, ingest
-from reagent_lite.data.readers import (
-    ShardPiece,
-    ShardSpec,
-    list_data_files,
-    read_shard,
-    read_table,
-    shard_plan,
-)
-from reagent_lite.data.sampler import EpochSampler, steps_for
-from reagent_lite.data.schema import TableSchema, check_columns
-from reagent_lite.data.shard_builder import IngestedShard
-from reagent_lite.data.validate import ShardValidation, ValidationReport
-from reagent_lite.data.windows import load_units, scan_units, stream_units
+from __future__ import annotations
 
-__all__ = [
-    "EpochSampler",
-    "IngestedShard",
-    "Layout",
-    "ShardPiece",
-    "ShardSpec",
-    "ShardValidation",
-    "TableSchema",
-    "ValidationReport",
-    "check_columns",
-    "ingest",
-    "list_data_files",
-    "load_units",
-    "read_shard",
-    "read_table",
-    "scan_units",
-    "shard_plan",
-    "steps_for",
-    "stream_units",
-]
+import importlib
+from typing import Any
+
+# Name → module, loaded on first use (PEP 562): reading a table (`readers`, `timeline`) or
+# checking its columns needs no torch, so `--help` and dry runs stay quick.
+_EXPORTS = {
+    "Layout": "ingest",
+    "ingest": "ingest",
+    "ShardPiece": "readers",
+    "ShardSpec": "readers",
+    "list_data_files": "readers",
+    "read_shard": "readers",
+    "read_table": "readers",
+    "shard_plan": "readers",
+    "EpochSampler": "sampler",
+    "steps_for": "sampler",
+    "TableSchema": "schema",
+    "check_columns": "schema",
+    "IngestedShard": "shard_builder",
+    "ShardValidation": "validate",
+    "ValidationReport": "validate",
+    "load_units": "windows",
+    "scan_units": "windows",
+    "stream_units": "windows",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    if name in _EXPORTS:
+        return getattr(importlib.import_module(f"reagent_lite.data.{_EXPORTS[name]}"), name)
+    raise AttributeError(f"module 'reagent_lite.data' has no attribute {name!r}")

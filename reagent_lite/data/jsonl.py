@@ -101,3 +101,9 @@ def first_record_keys(path: Path) -> list[str]:
     if not isinstance(record, dict):
         raise DataError(f"{path}: line 1 is not a JSON object")
     return list(record)
+
+
+def table_from_records(records: list[dict[str, Any]], source: str = "records") -> pa.Table:
+    """Python records (e.g. a DataFrame's rows) as a table, JSON objects read as feature
+    maps exactly as in a JSON Lines file; `source` names them in errors."""
+    return _to_table(records, Path(source))

@@ -5,31 +5,27 @@ from __future__ import annotations
 import importlib.util
 import logging
 import os
-import sys
 from pathlib import Path
 
-from reagent_lite.cli import WorkflowArgs
+from reagent_lite.cli import WorkflowArgs, configure_logging
 from reagent_lite.config import WorkflowConfig
 from reagent_lite.distributed.context import DistContext
 from reagent_lite.distributed.launch import launch
 from reagent_lite.distributed.plan import LaunchPlan, plan_launch
-from reagent_lite.errors import ConfigError
+from reagent_lite.errors import ConfigError, ReagentLiteError
 from reagent_lite.io_utils import ensure_writable_dir
 
 log = logging.getLogger("reagent_lite")
 
 
-def setup_logging(is_rank_zero: bool) -> None:
-    """Rank 0 speaks; the other ranks only warn."""
-    root = logging.getLogger("reagent_lite")
-    if not root.handlers:
-        handler = logging.StreamHandler(sys.stderr)
-        handler.setFormatter(
-            logging.Formatter("[reagent-lite %(asctime)s] %(message)s", "%H:%M:%S")
-        )
-        root.addHandler(handler)
-    root.setLevel(logging.INFO if is_rank_zero else logging.WARNING)
-    root.propagate = False
+def setup_logging(is_rank_zero: bool, cli_logging: bool) -> None:
+    """Rank 0 speaks; the other ranks only warn. Handlers and format belong to the command
+    line (`cli_logging`: in every process it starts, spawned workers included); a program
+    that calls the library keeps its own logging set-up."""
+    if cli_logging:
+        configure_logging()
+    if not is_rank_zero:
+        logging.getLogger("reagent_lite").setLevel(logging.WARNING)
 
 
 def make_plan(cfg: WorkflowConfig, node_index: int, run_id: str | None) -> LaunchPlan:
@@ -107,34 +103,42 @@ def check_input_paths(cfg: WorkflowConfig, *, will_generate: bool) -> None:
         raise ConfigError(f"{key}: '{value}' does not exist (expected {expected})")
 
 
-def run_training(kind: str, cfg: WorkflowConfig, args: WorkflowArgs) -> None:
+def run_training(
+    kind: str, cfg: WorkflowConfig, args: WorkflowArgs, *, cli_logging: bool = False
+) -> Path | None:
+    """Trains as `cfg` says; the output directory when this node wrote the outputs (node 0),
+    else None. Errors are `ReagentLiteError`s (or `WorkerError` for a bug)."""
     plan = make_plan(cfg, args.node_index, args.run_id)
-    setup_logging(plan.ranks[0] == 0)
+    setup_logging(plan.ranks[0] == 0, cli_logging)
     log.info("%s workflow\n%s", kind, plan.describe())
     preflight(cfg, plan)
     launch(
         plan,
         run_worker,
-        (kind, cfg, bool(args.resume)),
+        (kind, cfg, bool(args.resume), cli_logging),
         rendezvous_timeout_s=cfg.rendezvous_timeout_s,
         collective_timeout_s=cfg.collective_timeout_s,
     )
-    if plan.ranks[0] == 0:
-        out = Path(cfg.model_output_path)
-        print(
-            f"model: {out / 'model.pt2'}\nmetadata: {out / 'model_meta.json'}\nmetrics: {out / 'metrics.jsonl'}"
-        )
-        if importlib.util.find_spec("matplotlib") is not None:
-            from reagent_lite.report import draw_report
+    if plan.ranks[0] != 0:
+        return None
+    out = Path(cfg.model_output_path)
+    if importlib.util.find_spec("matplotlib") is not None:
+        from reagent_lite.report import draw_report
 
-            print(f"report: {draw_report(out)}")
+        try:
+            draw_report(out)
+        except ReagentLiteError as err:  # the model is written; a missing picture is no failure
+            log.warning("report.png not drawn: %s", err)
+    return out
 
 
-def run_worker(ctx: DistContext, kind: str, cfg: WorkflowConfig, resume: bool) -> None:
+def run_worker(
+    ctx: DistContext, kind: str, cfg: WorkflowConfig, resume: bool, cli_logging: bool = False
+) -> None:
     """What every rank runs once its process group is up."""
     from reagent_lite.training.loop import Workflow
 
-    setup_logging(ctx.is_rank_zero)
+    setup_logging(ctx.is_rank_zero, cli_logging)
     workflow = Workflow(kind, cfg, ctx, resume=resume)
     try:
         workflow.setup()

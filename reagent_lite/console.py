@@ -1,0 +1,109 @@
+"""The `reagent-lite` console script: one command, a subcommand per tool.
+
+    reagent-lite dqn --config x.json [--node_index=n] [--dry_run] [key.path=value ...]
+    reagent-lite parametric_dqn --config x.json ...
+    reagent-lite predict --model DIR --data t.parquet --output scores.csv
+    reagent-lite report --run DIR
+    reagent-lite timeline --input steps.parquet --output train.parquet
+    reagent-lite make-sample-data --kind gym --output-dir data/cartpole
+    reagent-lite schema [--check]
+
+Each subcommand is the `python -m ...` entry point of the same tool (same flags, both
+spellings `--flag-name` / `--flag_name`, same exit codes: 0 ok, 2 bad config or flags,
+3 bad data, 4 distributed failure, 5 training failure, 130 interrupted). Modules load only
+once a subcommand is chosen, so `--help` answers without importing torch.
+"""
+
+from __future__ import annotations
+
+import difflib
+import importlib
+import sys
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from reagent_lite import __version__
+from reagent_lite.errors import ReagentLiteError
+
+# name → (python -m equivalent, one-line summary)
+COMMANDS: dict[str, tuple[str, str]] = {
+    "dqn": ("workflows.dqn_workflow", "train a discrete-action DQN as the config says"),
+    "parametric_dqn": (
+        "workflows.parametric_dqn_workflow",
+        "train a parametric-action DQN as the config says",
+    ),
+    "predict": ("reagent_lite.predict", "score a table with an exported model"),
+    "report": ("reagent_lite.report", "draw a run's training and CPE curves (report.png)"),
+    "timeline": ("workflows.timeline", "turn per-step logs into the training table"),
+    "make-sample-data": ("workflows.make_sample_data", "log a policy into sample tables"),
+    "schema": ("reagent_lite.config.schema", "write or --check the config JSON Schemas"),
+}
+ALIASES = {
+    "parametric-dqn": "parametric_dqn",
+    "make_sample_data": "make-sample-data",
+}
+
+
+def _usage() -> str:
+    width = max(map(len, COMMANDS))
+    lines = [
+        "usage: reagent-lite <command> [flags]   (reagent-lite <command> --help for its flags)",
+        "",
+        "Offline reinforcement learning from logged data, configured by JSON.",
+        "",
+        "commands:",
+        *(f"  {name:<{width}}  {summary}" for name, (_, summary) in COMMANDS.items()),
+        "",
+        "Each is also `python -m <module>` (e.g. python -m workflows.dqn_workflow).",
+    ]
+    return "\n".join(lines)
+
+
+def _entry(name: str) -> Callable[[list[str]], Any]:
+    prog = f"reagent-lite {name}"
+    if name in ("dqn", "parametric_dqn"):
+        from reagent_lite.runner import main as run_workflow
+
+        return lambda argv: run_workflow(name, argv, prog=prog)  # type: ignore[arg-type]
+    if name in ("predict", "report"):
+        from reagent_lite.cli import predict_parser, report_parser
+
+        parser = predict_parser(prog) if name == "predict" else report_parser(prog)
+
+        def run(argv: list[str]) -> Any:
+            # Flags (and --help) are handled before the tool's module loads torch.
+            parser.parse_args(argv)
+            return importlib.import_module(COMMANDS[name][0]).main(argv, prog=prog)
+
+        return run
+    module = importlib.import_module(COMMANDS[name][0])
+    return module.main
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    args = list(sys.argv[1:] if argv is None else argv)
+    if not args or args[0] in ("-h", "--help"):
+        print(_usage())
+        sys.exit(0 if args else 2)
+    if args[0] in ("-V", "--version"):
+        print(f"reagent-lite {__version__}")
+        sys.exit(0)
+    name = ALIASES.get(args[0], args[0])
+    if name not in COMMANDS:
+        close = difflib.get_close_matches(name, [*COMMANDS, *ALIASES], n=1)
+        hint = f"; did you mean {close[0]!r}?" if close else ""
+        print(f"reagent-lite: unknown command {args[0]!r}{hint}\n\n{_usage()}", file=sys.stderr)
+        sys.exit(2)
+    try:
+        code = _entry(name)(args[1:])
+    except ReagentLiteError as err:
+        print(str(err), file=sys.stderr)
+        sys.exit(err.exit_code)
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        sys.exit(130)
+    sys.exit(code if isinstance(code, int) else 0)
+
+
+if __name__ == "__main__":
+    main()
