@@ -72,9 +72,11 @@ def test_errors_are_typed_never_system_exit(tmp_path: Path) -> None:
     with pytest.raises(reagent_lite.ConfigError, match="--node_index: must be in"):
         reagent_lite.train(cfg, node_index=1)
     missing = {**cfg, "sample_data": None, "eval_data_path": None}
-    with pytest.raises(reagent_lite.ReagentLiteError, match="training_data_path: .* does not exist"):
+    with pytest.raises(
+        reagent_lite.ReagentLiteError, match=r"training_data_path: .* does not exist"
+    ):
         reagent_lite.train(missing)
-    with pytest.raises(reagent_lite.ConfigError, match="holds no model.pt2"):
+    with pytest.raises(reagent_lite.ConfigError, match=r"holds no model\.pt2"):
         reagent_lite.load_model(tmp_path)
     assert issubclass(reagent_lite.DataError, reagent_lite.ReagentLiteError)
     assert reagent_lite.TrainingError.exit_code == 5
