@@ -16,6 +16,7 @@ run's progress lines.
 from __future__ import annotations
 
 import json
+import math
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -240,6 +241,8 @@ def _frame_to_table(frame: Any) -> pa.Table:
 
 
 def _plain(value: Any) -> Any:
+    if isinstance(value, float) and math.isnan(value):
+        return None  # pandas' missing value (a null string is NaN in a `str` column)
     if hasattr(value, "tolist") and not isinstance(value, str | bytes):
         value = value.tolist()
     if (

@@ -40,6 +40,7 @@ def _main(kind: WorkflowKind, argv: list[str] | None, prog: str) -> None:
     if args.dry_run:
         print(describe_dry_run(kind, cfg, args))
         _require_data(kind, cfg)
+        print("\n".join(_sample_lines(kind, cfg)))
         return
     from reagent_lite.training.entry import run_training
 
@@ -72,6 +73,10 @@ def describe_dry_run(kind: WorkflowKind, cfg: WorkflowConfig, args: WorkflowArgs
     ]
     world_size, plan_text = _launch_plan(cfg, args)
     lines += ["launch:", *("  " + line for line in plan_text.splitlines())]
+    from reagent_lite.dry_run import hyperparameter_lines
+
+    shards = _shards(cfg.training_data_path, world_size)
+    lines += hyperparameter_lines(cfg, world_size, shards, list(args.overrides))
     lines.append("training data:")
     lines += ["  " + line for line in _data_lines(cfg.training_data_path, world_size, cfg)]
     if cfg.eval_data_path is not None:
@@ -92,6 +97,28 @@ def _launch_plan(cfg: WorkflowConfig, args: WorkflowArgs) -> tuple[int, str]:
 
     plan = make_plan(cfg, args.node_index, args.run_id)
     return plan.world_size, plan.describe()
+
+
+def _shards(path: str, world_size: int) -> list[Any] | None:
+    if not Path(path).exists():
+        return None
+    from reagent_lite.data.readers import shard_plan
+
+    return shard_plan(path, world_size)
+
+
+def _sample_lines(kind: WorkflowKind, cfg: WorkflowConfig) -> list[str]:
+    """A sample of each table checked as training would; the features' types."""
+    from reagent_lite.dry_run import check_sample, feature_type_lines
+
+    if not Path(cfg.training_data_path).exists():
+        return ["data sample: none yet (sample_data will generate the data)"]
+    lines = ["data sample:"]
+    sample, what = check_sample(kind, cfg, cfg.training_data_path)
+    lines.append(f"  training: {what}")
+    if cfg.eval_data_path is not None and Path(cfg.eval_data_path).exists():
+        lines.append(f"  eval: {check_sample(kind, cfg, cfg.eval_data_path)[1]}")
+    return lines + feature_type_lines(kind, cfg, sample)
 
 
 def _data_lines(path: str, world_size: int, cfg: WorkflowConfig) -> list[str]:

@@ -33,7 +33,7 @@ def test_values_parse_as_json_else_strings(text: str, expected: tuple[str, objec
 
 @pytest.mark.parametrize("text", ["epochs", "=5", "training..lr=1", ".x=1"])
 def test_malformed_overrides_are_config_errors(text: str) -> None:
-    with pytest.raises(ConfigError, match="expected key.path=value"):
+    with pytest.raises(ConfigError, match=r"expected key\.path=value"):
         parse_override(text)
 
 
