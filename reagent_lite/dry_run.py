@@ -119,7 +119,10 @@ def check_sample(kind: str, cfg: WorkflowConfig, path: str) -> tuple[pa.Table, s
 
     table, first = read_sample(path)
     check = ShardValidation(
-        get_kind(kind).schema(cfg), source=str(first), drop_bad_rows=cfg.drop_bad_rows
+        get_kind(kind).schema(cfg),
+        source=str(first),
+        drop_bad_rows=cfg.drop_bad_rows,
+        null_propensity_as_one=cfg.null_propensity == "one",
     )
     table = check.check(table)
     report = check.finish()
@@ -147,8 +150,11 @@ def feature_type_lines(kind: str, cfg: WorkflowConfig, sample: pa.Table) -> list
             params = load_normalization(path)
             source = f"from {Path(path).name}"
         else:
-            params = _fit(sample.column(column), action=(group == "action"))
+            forced = cfg.normalization_overrides.for_group(group)
+            params = _fit(sample.column(column), action=(group == "action"), overrides=forced)
             source = f"identified from {sample.num_rows} sample rows"
+            if forced:
+                source += f"; forced by normalization_overrides.{group}: {sorted(forced)}"
         lines.append(f"{group} features ({source}):")
         lines += [f"  {fid}: {p.feature_type.value}" for fid, p in params.items()]
     return lines
@@ -161,7 +167,7 @@ def _state_column(sample: pa.Table) -> str | None:
     return None
 
 
-def _fit(col: pa.ChunkedArray, *, action: bool) -> dict[str, Any]:
+def _fit(col: pa.ChunkedArray, *, action: bool, overrides: dict[str, str]) -> dict[str, Any]:
     from reagent_lite.data.scatter import feature_matrix
     from reagent_lite.normalization.identify import fit_normalization
     from reagent_lite.normalization.params import sorted_feature_ids
@@ -173,4 +179,4 @@ def _fit(col: pa.ChunkedArray, *, action: bool) -> dict[str, Any]:
         keys = pc.unique(col.combine_chunks().keys).to_pylist()
         ids = sorted_feature_ids([str(k) for k in keys])
     values = feature_matrix(col, ids) if ids else np.zeros((len(col), 0), np.float32)
-    return fit_normalization(values, ids, action=action)
+    return fit_normalization(values, ids, action=action, feature_overrides=overrides)

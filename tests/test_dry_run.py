@@ -88,3 +88,19 @@ def test_dry_run_refuses_bad_rows_like_training(
     err = capsys.readouterr().err
     assert f"t.{fmt}: {expected}" in err, err
     assert "(e.g. row 17" in err
+
+
+def test_dry_run_shows_forced_normalization_types(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    data = rows(40)
+    for i, r in enumerate(data):
+        r["state_features"]["9"] = float(i % 4 + 1)
+    overrides = {"state": {"9": "CONTINUOUS"}}
+    path = config(
+        tmp_path, write_table(tmp_path / "t.parquet", data), normalization_overrides=overrides
+    )
+    runner.main("dqn", ["--config", str(path), "--dry_run"])
+    out = capsys.readouterr().out
+    assert "forced by normalization_overrides.state: ['9']" in out
+    assert "  9: CONTINUOUS" in out

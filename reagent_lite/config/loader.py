@@ -213,6 +213,16 @@ def settings_without_effect(cfg: BaseWorkflowConfig) -> list[tuple[str, str]]:
                     "exported",
                 )
             )
+    inputs = {"state": cfg.state_norm_data_path}
+    inputs["action"] = cfg.optional_inputs().get("action_norm_data_path")
+    for group, given in inputs.items():
+        if given and cfg.normalization_overrides.for_group(group):
+            out.append(
+                (
+                    f"normalization_overrides.{group}",
+                    f"the {group} normalization is read from {given}, not fitted",
+                )
+            )
     sample = cfg.sample_data
     if evaluation.online_episodes > 0 and sample is not None and sample.kind != "gym":
         out.append(

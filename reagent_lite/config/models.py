@@ -326,6 +326,45 @@ class NormParams(_Model):
     )
 
 
+FeatureTypeName = Literal[
+    "BINARY",
+    "PROBABILITY",
+    "CONTINUOUS",
+    "BOXCOX",
+    "QUANTILE",
+    "ENUM",
+    "CONTINUOUS_ACTION",
+    "DO_NOT_PREPROCESS",
+]
+
+
+class NormalizationOverrides(_Model):
+    """Normalization types forced per feature id instead of the identified ones (ReAgent's
+    feature overrides), e.g. an hour of day identified as PROBABILITY or ENUM."""
+
+    state: dict[str, FeatureTypeName] = Field(
+        default_factory=dict,
+        description='State feature id → normalization type, e.g. {"7": "CONTINUOUS"}.',
+    )
+    action: dict[str, FeatureTypeName] = Field(
+        default_factory=dict,
+        description="parametric_dqn: action feature id → normalization type (the default "
+        "for action features is CONTINUOUS_ACTION).",
+    )
+
+    @field_validator("state", "action")
+    @classmethod
+    def _feature_ids(cls, value: dict[str, str]) -> dict[str, str]:
+        for key in value:
+            if not key.isdigit():
+                raise ConfigProblem((key,), "feature ids are strings of non-negative integers", key)
+        return value
+
+    def for_group(self, group: str) -> dict[str, str]:
+        """The overrides of a preprocessor group ("state" or "action")."""
+        return dict(self.state if group == "state" else self.action)
+
+
 def _check_file_url(value: str) -> None:
     if not value.startswith("file://"):
         raise ConfigProblem((), "must be a file:// URL on a filesystem all nodes share", value)
@@ -426,6 +465,11 @@ class BaseWorkflowConfig(_Model):
     drop_bad_rows: bool = Field(
         default=False, description="Drop (and count) invalid data rows instead of failing."
     )
+    null_propensity: Literal["error", "one"] = Field(
+        default="error",
+        description="A null action_probability: a bad row (error), or 1.0 — a deterministic "
+        "logging policy, as Horizon logged it — with the count logged (one).",
+    )
     rl: RLParameters = Field(default_factory=lambda: RLParameters(), description="RL parameters.")
     rainbow: RainbowParameters = Field(
         default_factory=lambda: RainbowParameters(), description="Rainbow DQN switches."
@@ -441,6 +485,16 @@ class BaseWorkflowConfig(_Model):
     )
     norm_params: NormParams | None = Field(
         default=None, description="Horizon's norm_params (num_samples sets the sample size)."
+    )
+    normalization_overrides: NormalizationOverrides = Field(
+        default_factory=lambda: NormalizationOverrides(),
+        description="Normalization types forced per feature id when the normalization is "
+        "fitted (not applied to a given state_norm_data_path / action_norm_data_path).",
+    )
+    tensorboard: bool = Field(
+        default=False,
+        description="Also write the metrics as TensorBoard event files to "
+        "model_output_path/tensorboard/ (needs the tensorboard extra).",
     )
 
     @model_validator(mode="before")

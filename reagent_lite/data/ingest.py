@@ -59,9 +59,15 @@ class Layout(Generic[S]):
     builder: Callable[[int | None, str], ShardBuilder[S]]
     conform: Callable[[S], None] | None = None
     drop_bad_rows: bool = False
+    null_propensity_as_one: bool = False  # config null_propensity: "one"
 
     def validation(self, source: str) -> ShardValidation:
-        return ShardValidation(self.schema, source=source, drop_bad_rows=self.drop_bad_rows)
+        return ShardValidation(
+            self.schema,
+            source=source,
+            drop_bad_rows=self.drop_bad_rows,
+            null_propensity_as_one=self.null_propensity_as_one,
+        )
 
 
 def piece_batches(piece: ShardPiece) -> Iterator[pa.Table]:

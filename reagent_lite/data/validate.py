@@ -93,10 +93,21 @@ class ShardValidation:
     problems unless dropping. Counts, messages and example rows are those of validating
     the rows at once: example row numbers count from the first row checked."""
 
-    def __init__(self, schema: TableSchema, *, source: str, drop_bad_rows: bool = False) -> None:
+    def __init__(
+        self,
+        schema: TableSchema,
+        *,
+        source: str,
+        drop_bad_rows: bool = False,
+        null_propensity_as_one: bool = False,
+    ) -> None:
         self.schema = schema
         self.source = source
         self.drop_bad_rows = drop_bad_rows
+        # Horizon logged deterministic policies with a null propensity: read it as 1.0
+        # (counted and logged by `finish`) instead of a bad row, when the config says so.
+        self.null_propensity_as_one = null_propensity_as_one
+        self.null_propensities = 0
         self.rows_in = 0
         self.rows_out = 0
         # (column, what) → [bad rows, first bad row in the shard, its value, its file]
@@ -111,6 +122,8 @@ class ShardValidation:
         n = table.num_rows
         if n == 0:
             return table
+        if self.null_propensity_as_one:
+            table = self._fill_null_propensity(table)
         masks = []
         for f, name in check_columns(table, self.schema, self.source):
             for rule in f.rules:
@@ -123,6 +136,16 @@ class ShardValidation:
             table = table.filter(pa.array(~np.logical_or.reduce(masks)))
         self.rows_out += table.num_rows
         return table
+
+    def _fill_null_propensity(self, table: pa.Table) -> pa.Table:
+        name = "action_probability"
+        if name not in table.column_names or table.column(name).null_count == 0:
+            return table
+        col = table.column(name)
+        self.null_propensities += col.null_count
+        if pa.types.is_null(col.type):
+            col = col.cast(pa.float64())
+        return table.set_column(table.column_names.index(name), name, col.fill_null(1.0))
 
     def _count(self, table: pa.Table, column: str, mask: np.ndarray, what: str) -> None:
         entry = self._found.get((column, what))
@@ -156,6 +179,13 @@ class ShardValidation:
         """The report; a `DataError` for bad rows (unless dropped), and for no rows at all
         (unless `allow_empty`) or none left after dropping."""
         source, report = self.source, self.report()
+        if self.null_propensities:
+            log.warning(
+                "%s: %d rows with a null action_probability read as 1.0 (null_propensity: "
+                "one, a deterministic logging policy)",
+                source,
+                self.null_propensities,
+            )
         if self.rows_in == 0 and not allow_empty:
             raise DataError(
                 f"{source}: no rows (empty table, or an empty shard: more ranks than rows?)"

@@ -67,7 +67,11 @@ class DiscreteKind(Kind[DQNWorkflowConfig]):
             shard.reorder(ids)
 
         return Layout(
-            self.schema(cfg), builder, conform if space is not None else None, cfg.drop_bad_rows
+            self.schema(cfg),
+            builder,
+            conform if space is not None else None,
+            cfg.drop_bad_rows,
+            null_propensity_as_one=cfg.null_propensity == "one",
         )
 
     def agree_space(
@@ -203,12 +207,17 @@ def dqn_schema(actions: Sequence[str]) -> TableSchema:
     )
     possible = list_of(lambda t: is_str(t) or pa.types.is_integer(t) or pa.types.is_boolean(t))
     lists = "lists of action names, or 0/1 masks of len(actions)"
+    # Horizon's data named actions "0", "1", ... and logged them as integer indices: an
+    # integer column is read as those names when every action name is a decimal integer.
+    decimal = all(n.isdigit() and str(int(n)) == n for n in names)
+    named = (lambda t: is_str(t) or pa.types.is_integer(t)) if decimal else is_str
+    ints = ", or integers: the actions are decimal names" if decimal else ""
     return transition_schema(
         "dqn",
         [
-            field("action", is_str, "action names (strings)", _no_action(names),
+            field("action", named, f"action names (strings{ints})", _no_action(names),
                   _unknown(names, unknown)),
-            field("next_action", or_null(is_str), "action names (strings or null)",
+            field("next_action", or_null(named), f"action names (strings or null{ints})",
                   _unknown(names, f'unknown action name (expected one of {names}, or null/"")')),
             field("possible_actions", possible, lists, _unknown(names, in_list)),
             field("possible_next_actions", possible, lists, _unknown(names, in_list)),

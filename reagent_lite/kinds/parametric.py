@@ -99,7 +99,11 @@ class ParametricKind(Kind[ParametricDQNWorkflowConfig]):
             shard.conform(state_ids, action_ids, k)
 
         return Layout(
-            self.schema(cfg), builder, conform if space is not None else None, cfg.drop_bad_rows
+            self.schema(cfg),
+            builder,
+            conform if space is not None else None,
+            cfg.drop_bad_rows,
+            null_propensity_as_one=cfg.null_propensity == "one",
         )
 
     def agree_space(self, ctx: DistContext, cfg: _Cfg, shard: IngestedShard) -> FeatureSpace:

@@ -75,6 +75,11 @@ def preflight(cfg: WorkflowConfig, plan: LaunchPlan) -> None:
             log.info("sample data: %d training rows, %d eval rows", made.train_rows, made.eval_rows)
     if plan.ranks[0] == 0:
         check_input_paths(cfg, will_generate=False)
+        if cfg.tensorboard and importlib.util.find_spec("tensorboard") is None:
+            raise ConfigError(
+                "tensorboard: true needs the tensorboard package: pip install "
+                "'reagent-lite[tensorboard]' (or set tensorboard: false)"
+            )
     made_by_rank_zero = cfg.sample_data is not None and plan.ranks[0] != 0
     if plan.num_nodes == 1 and not made_by_rank_zero and not Path(cfg.training_data_path).exists():
         raise ConfigError(

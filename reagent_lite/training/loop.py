@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import math
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -121,7 +122,9 @@ class Workflow:
             if ctx.is_rank_zero:
                 log.info("host memory: %s", how)
         if ctx.is_rank_zero:
-            self.metrics = MetricsWriter(self.output_dir, append=self.resume)
+            self.metrics = MetricsWriter(
+                self.output_dir, append=self.resume, tensorboard=cfg.tensorboard
+            )
         if self.resume:
             self._restore()
 
@@ -208,7 +211,8 @@ class Workflow:
             bar = tqdm(
                 total=self.steps_per_epoch,
                 desc=f"epoch {epoch + 1}/{cfg.epochs}",
-                disable=not ctx.is_rank_zero,
+                # `\r` frames only on a terminal; in a file (Slurm, CI) the log lines below.
+                disable=not (ctx.is_rank_zero and _stderr_is_terminal()),
                 mininterval=1.0,
                 leave=False,
             )
@@ -226,7 +230,18 @@ class Workflow:
                     self._check_replicas()
                 bar.update(1)
                 if cfg.log_every_steps and (step + 1) % cfg.log_every_steps == 0:
-                    self._log_step(epoch, runner.loss_sum / (step + 1))
+                    loss = self._log_step(epoch, runner.loss_sum / (step + 1))
+                    if bar.disable:
+                        log.info(
+                            "epoch %d/%d step %d/%d: running loss %.6g",
+                            epoch + 1,
+                            cfg.epochs,
+                            step + 1,
+                            self.steps_per_epoch,
+                            loss,
+                        )
+                    else:
+                        bar.set_postfix(loss=f"{loss:.4g}", refresh=False)
             bar.close()
             self._sync()
             elapsed = time.perf_counter() - start
@@ -252,10 +267,12 @@ class Workflow:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
 
-    def _log_step(self, epoch: int, mean_loss: Tensor) -> None:
-        loss = self.ctx.all_reduce_mean(mean_loss.detach().clone())
+    def _log_step(self, epoch: int, mean_loss: Tensor) -> float:
+        """The epoch's running loss so far (global), also written to metrics.jsonl."""
+        loss = _float(self.ctx.all_reduce_mean(mean_loss.detach().clone()))
         if self.metrics is not None:
-            self.metrics.write({"epoch": epoch, "steps": self.global_step, "loss": _float(loss)})
+            self.metrics.write({"epoch": epoch, "steps": self.global_step, "loss": loss})
+        return loss
 
     def _end_epoch(self, epoch: int, loss_sum: Tensor, elapsed: float) -> None:
         cfg, ctx = self.cfg, self.ctx
@@ -401,3 +418,10 @@ class Workflow:
             self._runner.close()  # a stream left open by an error: stop its worker first
         if self.disk is not None:
             self.disk.close()
+
+
+def _stderr_is_terminal() -> bool:
+    try:
+        return sys.stderr.isatty()
+    except (AttributeError, ValueError):  # replaced or closed stderr
+        return False

@@ -1,4 +1,4 @@
-"""metrics.jsonl (one JSON record per line) and, when installed, TensorBoard."""
+"""metrics.jsonl (one JSON record per line) and, when the config asks, TensorBoard."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import math
 from pathlib import Path
 from typing import Any
 
+from reagent_lite.errors import ConfigError
 from reagent_lite.io_utils import atomic_write_text
 
 log = logging.getLogger(__name__)
@@ -23,9 +24,9 @@ def _clean(value: Any) -> Any:
 
 
 class MetricsWriter:
-    """Appends records to `metrics.jsonl`; mirrors scalars to TensorBoard if available."""
+    """Appends records to `metrics.jsonl`; mirrors scalars to TensorBoard when asked."""
 
-    def __init__(self, output_dir: Path, *, tensorboard: bool = True, append: bool = False):
+    def __init__(self, output_dir: Path, *, tensorboard: bool = False, append: bool = False):
         self.path = output_dir / "metrics.jsonl"
         output_dir.mkdir(parents=True, exist_ok=True)
         if not append:
@@ -36,8 +37,11 @@ class MetricsWriter:
                 from torch.utils.tensorboard import SummaryWriter
 
                 self._tb = SummaryWriter(log_dir=str(output_dir / "tensorboard"))
-            except ImportError:
-                log.debug("tensorboard not installed; metrics go to metrics.jsonl only")
+            except ImportError as err:
+                raise ConfigError(
+                    "tensorboard: true needs the tensorboard package (pip install "
+                    f"'reagent-lite[tensorboard]'): {err}"
+                ) from None
 
     def write(self, record: dict[str, Any]) -> None:
         with self.path.open("a") as f:

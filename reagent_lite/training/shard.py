@@ -104,7 +104,12 @@ def _normalization(
             fitted = None
             if ctx.is_rank_zero:
                 sample = np.concatenate(gathered, axis=0)
-                fitted = fit_normalization(sample, space.ids(name), action=(name == "action"))
+                fitted = fit_normalization(
+                    sample,
+                    space.ids(name),
+                    action=(name == "action"),
+                    feature_overrides=cfg.normalization_overrides.for_group(name),
+                )
             norm[name] = ctx.broadcast_object(fitted)
         if ctx.is_rank_zero:  # rank 0's sample (all ranks' when fitted) shows the rest
             warn_constant_features(name, Preprocessor(space.ids(name), norm[name]), sample)
