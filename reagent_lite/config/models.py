@@ -343,11 +343,11 @@ class NormalizationOverrides(_Model):
     feature overrides), e.g. an hour of day identified as PROBABILITY or ENUM."""
 
     state: dict[str, FeatureTypeName] = Field(
-        default_factory=dict,
+        default={},
         description='State feature id → normalization type, e.g. {"7": "CONTINUOUS"}.',
     )
     action: dict[str, FeatureTypeName] = Field(
-        default_factory=dict,
+        default={},
         description="parametric_dqn: action feature id → normalization type (the default "
         "for action features is CONTINUOUS_ACTION).",
     )
@@ -363,6 +363,22 @@ class NormalizationOverrides(_Model):
     def for_group(self, group: str) -> dict[str, str]:
         """The overrides of a preprocessor group ("state" or "action")."""
         return dict(self.state if group == "state" else self.action)
+
+
+class MlflowParameters(_Model):
+    """Where an MLflow run logs (the `mlflow` extra)."""
+
+    tracking_uri: str | None = Field(
+        default=None,
+        description="MLflow tracking URI, e.g. file:///shared/mlruns or http://host:5000 "
+        "(default: MLflow's own: $MLFLOW_TRACKING_URI, else ./mlruns).",
+    )
+    experiment_name: str = Field(
+        default="reagent-lite", min_length=1, description="MLflow experiment to log into."
+    )
+    run_name: str | None = Field(
+        default=None, description="Name of the MLflow run (default: MLflow's generated one)."
+    )
 
 
 def _check_file_url(value: str) -> None:
@@ -490,6 +506,12 @@ class BaseWorkflowConfig(_Model):
         default_factory=lambda: NormalizationOverrides(),
         description="Normalization types forced per feature id when the normalization is "
         "fitted (not applied to a given state_norm_data_path / action_norm_data_path).",
+    )
+    mlflow: MlflowParameters | None = Field(
+        default=None,
+        description="Log the config as params, every metrics.jsonl record as metrics and the "
+        "output files (not checkpoints/) as artifacts to MLflow (needs the mlflow extra); "
+        "null: off.",
     )
     tensorboard: bool = Field(
         default=False,

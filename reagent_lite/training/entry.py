@@ -80,6 +80,11 @@ def preflight(cfg: WorkflowConfig, plan: LaunchPlan) -> None:
                 "tensorboard: true needs the tensorboard package: pip install "
                 "'reagent-lite[tensorboard]' (or set tensorboard: false)"
             )
+        if cfg.mlflow is not None and importlib.util.find_spec("mlflow") is None:
+            raise ConfigError(
+                "mlflow: needs the mlflow package: pip install 'reagent-lite[mlflow]' (or "
+                "remove the mlflow block)"
+            )
     made_by_rank_zero = cfg.sample_data is not None and plan.ranks[0] != 0
     if plan.num_nodes == 1 and not made_by_rank_zero and not Path(cfg.training_data_path).exists():
         raise ConfigError(

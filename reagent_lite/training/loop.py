@@ -37,6 +37,7 @@ from reagent_lite.training.metrics import MetricsWriter
 from reagent_lite.training.selection import ModelSelection
 from reagent_lite.training.shard import load_training_shard
 from reagent_lite.training.steps import StepRunner, build_step_runner, plan_steps
+from reagent_lite.training.tracking import MlflowTracker
 from reagent_lite.training.verify import check_replicas, replica_digest, verify_every
 
 log = logging.getLogger("reagent_lite")
@@ -123,7 +124,10 @@ class Workflow:
                 log.info("host memory: %s", how)
         if ctx.is_rank_zero:
             self.metrics = MetricsWriter(
-                self.output_dir, append=self.resume, tensorboard=cfg.tensorboard
+                self.output_dir,
+                append=self.resume,
+                tensorboard=cfg.tensorboard,
+                tracker=MlflowTracker(cfg.mlflow, cfg) if cfg.mlflow is not None else None,
             )
         if self.resume:
             self._restore()
@@ -409,6 +413,8 @@ class Workflow:
             self.metrics.write(
                 {"epoch": self.selection.epoch, "steps": self.global_step, "online": online}
             )
+        if self.metrics is not None:
+            self.metrics.outputs_written()
         return model_path
 
     def cleanup(self) -> None:

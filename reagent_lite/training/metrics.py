@@ -6,10 +6,13 @@ import json
 import logging
 import math
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from reagent_lite.errors import ConfigError
 from reagent_lite.io_utils import atomic_write_text
+
+if TYPE_CHECKING:
+    from reagent_lite.training.tracking import MlflowTracker
 
 log = logging.getLogger(__name__)
 
@@ -26,7 +29,16 @@ def _clean(value: Any) -> Any:
 class MetricsWriter:
     """Appends records to `metrics.jsonl`; mirrors scalars to TensorBoard when asked."""
 
-    def __init__(self, output_dir: Path, *, tensorboard: bool = False, append: bool = False):
+    def __init__(
+        self,
+        output_dir: Path,
+        *,
+        tensorboard: bool = False,
+        append: bool = False,
+        tracker: MlflowTracker | None = None,
+    ):
+        self.output_dir = output_dir
+        self.tracker = tracker
         self.path = output_dir / "metrics.jsonl"
         output_dir.mkdir(parents=True, exist_ok=True)
         if not append:
@@ -51,6 +63,13 @@ class MetricsWriter:
             for key, value in _flatten(record):
                 if isinstance(value, int | float) and key not in ("steps", "epoch"):
                     self._tb.add_scalar(key, value, step)
+        if self.tracker is not None:
+            self.tracker.log_record(record)
+
+    def outputs_written(self) -> None:
+        """The run's outputs are complete: trackers publish them."""
+        if self.tracker is not None:
+            self.tracker.log_outputs(self.output_dir)
 
     def drop_after(self, epoch: int) -> None:
         """Forgets records of epochs after `epoch` (written before a crash, not in the
@@ -63,6 +82,8 @@ class MetricsWriter:
     def close(self) -> None:
         if self._tb is not None:
             self._tb.close()
+        if self.tracker is not None:
+            self.tracker.close()
 
 
 def _flatten(record: dict[str, Any], prefix: str = "") -> list[tuple[str, Any]]:
