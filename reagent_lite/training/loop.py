@@ -220,6 +220,10 @@ class Workflow:
                 mininterval=1.0,
                 leave=False,
             )
+            if ctx.is_rank_zero and bar.disable:
+                log.info(
+                    "epoch %d/%d: %d optimizer steps", epoch + 1, cfg.epochs, self.steps_per_epoch
+                )
             self._sync()
             # All ranks start the clock together: otherwise the others' first all-reduce
             # waits out rank 0's evaluation of the last epoch, counted as their training time.

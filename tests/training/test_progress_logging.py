@@ -26,6 +26,7 @@ def test_log_lines_instead_of_progress_frames(tmp_path: Path) -> None:
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "\r" not in proc.stderr
+    assert "epoch 1/1: 10 optimizer steps" in proc.stderr
     assert "epoch 1/1 step 5/10: running loss" in proc.stderr
     assert "epoch 1/1 step 10/10: running loss" in proc.stderr
     records = [line for line in proc.stderr.splitlines() if RECORD.match(line)]
