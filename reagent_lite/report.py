@@ -56,12 +56,11 @@ def improvement(estimate: dict[str, Any] | None) -> tuple[float, float] | None:
     if not estimate:
         return None
     raw, ratio = estimate.get("raw"), estimate.get("normalized")
+    # raw = 0 gives ratio 0 whatever the logged value: its sign cannot be told then.
     if not _finite(raw) or not _finite(ratio) or ratio == 0:
         return None
     assert raw is not None and ratio is not None
     logged_sign = math.copysign(1.0, raw) * math.copysign(1.0, ratio)
-    if raw == 0:
-        logged_sign = 1.0 if ratio > 0 else -1.0
     err = estimate.get("normalized_std_error")
     return logged_sign * (ratio - 1.0), float(err) if err is not None and _finite(err) else 0.0
 
