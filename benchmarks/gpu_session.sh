@@ -15,7 +15,7 @@ fi
 export PYTHONPATH=${PYTHONPATH:+$PYTHONPATH:}$PWD
 STAGES=${STAGES:-"info test b1024 b8192 workflow sample param scale cpu"}
 has() { [[ " $STAGES " == *" $1 "* ]]; }
-quiet() { grep -v -E "^\[reagent-lite|Gym has been|Please upgrade|Users of this|See the migration"; }
+quiet() { grep -v -E "^\[reagent-lite|^[0-9-]{10} [0-9:]{8} (INFO|WARNING) reagent_lite|Gym has been|Please upgrade|Users of this|See the migration"; }
 if has info; then
   nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
   python3 -c "import sys, torch, pyarrow, pandas, pydantic, gymnasium, tqdm; print(sys.version.split()[0], 'torch', torch.__version__, torch.cuda.get_device_name(0), 'pyarrow', pyarrow.__version__, 'pydantic', pydantic.__version__, 'gymnasium', gymnasium.__version__)"
