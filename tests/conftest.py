@@ -22,6 +22,15 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(skip_gpu)
 
 
+@pytest.fixture(autouse=True)
+def _prepared_dir(
+    tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Disk-streamed runs prepare their row groups (`stream_prepare`) in a fresh directory
+    of the test's own (processes the test starts inherit it), never in the user's cache."""
+    monkeypatch.setenv("REAGENT_LITE_PREPARED_DIR", str(tmp_path_factory.mktemp("prepared")))
+
+
 def run_module(
     module: str,
     *args: str,

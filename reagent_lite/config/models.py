@@ -467,6 +467,22 @@ class BaseWorkflowConfig(_Model):
         "to this; a larger row group is a window alone). Host memory is at most about three "
         "windows of training tensors; larger windows shuffle more globally.",
     )
+    stream_prepare: bool = Field(
+        default=True,
+        description="With stream_from_disk: decode, validate, tensorize and normalize each "
+        "row group once and keep the result as fixed-width arrays in stream_prepared_dir, "
+        "which every later window, epoch and run on the same data and config memory-maps "
+        "instead of decoding Parquet again (rebuilt when the data's bytes, the feature "
+        "space, the normalization or the code change). false: decode every window from "
+        "Parquet.",
+    )
+    stream_prepared_dir: str | None = Field(
+        default=None,
+        description="With stream_prepare: where prepared row groups are kept (one "
+        "subdirectory per data config; delete it to reclaim the space). null: "
+        "$REAGENT_LITE_PREPARED_DIR, else $XDG_CACHE_HOME/reagent-lite/prepared "
+        "(~/.cache/reagent-lite/prepared). A node-local disk is fastest.",
+    )
     cuda_graphs: bool = Field(
         default=True, description="Capture the training step in a CUDA graph when on GPU."
     )

@@ -39,6 +39,7 @@ import threading
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -46,6 +47,9 @@ from torch import Tensor
 
 from reagent_lite.data.readers import ShardPiece
 from reagent_lite.errors import DataError
+
+if TYPE_CHECKING:
+    from reagent_lite.data.prepared import PreparedUnits
 
 
 def _rng(seed: int, rank: int, epoch: int, what: int, index: int) -> np.random.Generator:
@@ -97,6 +101,7 @@ class DiskShardStream:
         window_rows: int,
         seed: int,
         rank: int,
+        prepared: PreparedUnits | None = None,
     ) -> None:
         if not units:
             raise DataError("stream_from_disk: this rank's shard has no rows")
@@ -105,6 +110,7 @@ class DiskShardStream:
         self.window_rows = window_rows
         self.seed = seed
         self.rank = rank
+        self.prepared = prepared  # `load` reads prepared units (for the log and counts)
         self.num_rows = sum(u.num_rows or 0 for u in self.units)
         self.step_rows = 1
         self.rows_per_epoch = self.num_rows
@@ -123,9 +129,10 @@ class DiskShardStream:
         self.chunk_rows -= self.chunk_rows % step_rows
 
     def describe(self) -> str:
+        prepared = "" if self.prepared is None else f" ({self.prepared.describe()})"
         return (
-            f"streamed from disk: {len(self.units)} row groups, {self.num_rows:,} rows, "
-            f"windows of <= {self.window_rows:,} rows shuffled within, chunks of "
+            f"streamed from disk: {len(self.units)} row groups{prepared}, {self.num_rows:,} "
+            f"rows, windows of <= {self.window_rows:,} rows shuffled within, chunks of "
             f"{self.chunk_rows:,} rows"
         )
 

@@ -31,6 +31,7 @@ from torch import Tensor, nn
 from reagent_lite.config import BaseWorkflowConfig
 from reagent_lite.data.disk_stream import DiskShardStream
 from reagent_lite.data.ingest import Layout, ingest
+from reagent_lite.data.prepared import PreparedUnits, prepared_root
 from reagent_lite.data.readers import ShardPiece
 from reagent_lite.data.schema import Field, TableSchema
 from reagent_lite.data.shard_builder import IngestedShard
@@ -264,12 +265,42 @@ class Kind(ABC, Generic[C]):
         pre: dict[str, Preprocessor],
     ) -> DiskShardStream:
         """The stream of training windows: each loaded, normalized in place and cut to the
-        columns training reads, in a background thread (`DiskShardStream`)."""
+        columns training reads, in a background thread (`DiskShardStream`); with
+        `stream_prepare`, each row group once, then read back from its prepared arrays
+        (`data/prepared.py`), the same windows bit for bit."""
 
         def load(window: Sequence[ShardPiece]) -> dict[str, Tensor]:
             data = self.training_tensors(self.load_window(cfg, space, window), pre)
             return {k: v for k, v in data.items() if k not in EVAL_ONLY_FIELDS}
 
+        prepared = None
+        if cfg.stream_prepare:
+            settings = {
+                "kind": self.name,
+                "space": space.to_json(),
+                "normalization": {
+                    name: {f: p.model_dump(mode="json") for f, p in pr.params.items()}
+                    for name, pr in pre.items()
+                },
+                "ingest": self.ingest_settings(cfg),
+                "eval_only": list(EVAL_ONLY_FIELDS),
+            }
+            root = prepared_root(cfg.stream_prepared_dir)
+            prepared = PreparedUnits(root, settings, lambda unit: load([unit]))
         return DiskShardStream(
-            units, load, window_rows=cfg.stream_window_rows, seed=cfg.seed, rank=ctx.rank
+            units,
+            load if prepared is None else prepared.load,
+            window_rows=cfg.stream_window_rows,
+            seed=cfg.seed,
+            rank=ctx.rank,
+            prepared=prepared,
         )
+
+    def ingest_settings(self, cfg: C) -> dict[str, Any]:
+        """The config values `layout` reads besides the feature space, by their dotted
+        paths: part of the key of prepared units (a test checks that `layout` reads
+        nothing else)."""
+        return {
+            "drop_bad_rows": cfg.drop_bad_rows,
+            "rl.use_seq_num_diff_as_time_diff": cfg.rl.use_seq_num_diff_as_time_diff,
+        }

@@ -1,0 +1,334 @@
+"""Prepared data: a disk-streamed shard's units decoded once, read back as raw arrays.
+
+Under `stream_from_disk` every window of every epoch used to go through Parquet decoding,
+validation, tensorization and normalization again. With `stream_prepare: true` each unit
+(one Parquet row group, `data/windows.py`) takes that way once: its training columns —
+validated, conformed to the run's feature space, normalized — are written to one file of
+fixed-width little-endian arrays behind a small JSON header; every later window that
+holds the unit, in this epoch, later epochs and later runs, memory-maps the file and
+copies its bytes. A window is the units' arrays end to end, exactly the arrays the
+unprepared path builds for it (rows are normalized row by row, so normalizing a unit on
+its own gives the same bits as normalizing it inside a window).
+
+Where: one directory per (code, kind, feature space, normalization, ingest settings) —
+`settings.json` in it says which — holding one `<file>.<unit>.<digest>.prep` per unit,
+under `stream_prepared_dir`, else `$REAGENT_LITE_PREPARED_DIR`, else
+`$XDG_CACHE_HOME/reagent-lite/prepared` (default `~/.cache/reagent-lite/prepared`).
+
+When it is rebuilt: a unit's file name carries a content digest of its source — BLAKE2b of
+the Parquet footer, the file size, which rows the unit is, and the bytes of the row
+group(s) it covers. Footers and sizes alone are cheap but miss in-place edits that keep
+every page size and min/max statistic (one value changed in an incompressible column);
+the row group's own bytes cannot be missed, and hashing them (about 1 GB/s, on the
+window-loading threads, once per unit per run) costs a fraction of decoding them. The
+directory's digest covers the config values the arrays depend on (the feature space, the
+normalization parameters, `drop_bad_rows`, ...), the source code of the packages that make
+the arrays (`data/`, `normalization/`, `kinds/`) and the torch / numpy / pyarrow versions.
+Timestamps are never consulted. Nothing is ever deleted automatically: remove the
+directory (or one `settings.json` directory in it) to reclaim the space.
+
+Writing is atomic: a unit is written to a hidden temporary file in the same directory,
+flushed to disk and renamed over its final name, so a prepare killed midway leaves at most
+a stray `.*.tmp` file, never a file that reads as valid; a reader also checks the header's
+magic, key and byte count. Ranks, nodes or jobs preparing the same unit at once each
+write their own temporary file and the last rename wins; their contents are identical.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import threading
+import uuid
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import torch
+from torch import Tensor
+
+import reagent_lite
+from reagent_lite.data.readers import ShardPiece, parquet_file
+from reagent_lite.data.windows import in_order, load_threads
+
+log = logging.getLogger("reagent_lite")
+
+FORMAT = 1
+MAGIC = b"RLPREP\x00\x01"
+ALIGN = 64  # each array starts at a multiple of this (cache lines; any dtype's alignment)
+ENV_DIR = "REAGENT_LITE_PREPARED_DIR"
+# The packages whose code decides what a unit's arrays hold.
+_CODE_PACKAGES = ("data", "normalization", "kinds")
+_BLOCK = 1 << 22  # bytes hashed per read
+
+
+def prepared_root(configured: str | None) -> Path:
+    """Where prepared units go: `configured` (`stream_prepared_dir`), else the environment's
+    `REAGENT_LITE_PREPARED_DIR`, else the user's cache directory."""
+    if configured:
+        return Path(configured).expanduser()
+    if os.environ.get(ENV_DIR):
+        return Path(os.environ[ENV_DIR]).expanduser()
+    cache = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(cache).expanduser() / "reagent-lite" / "prepared"
+
+
+def code_digest() -> str:
+    """Digest of the source of the packages that make a unit's arrays, and of the libraries'
+    versions: a new version of either is a new directory, never stale arrays."""
+    h = hashlib.blake2b(digest_size=16)
+    for lib in (torch.__version__, np.__version__, pa.__version__, str(FORMAT)):
+        h.update(lib.encode() + b"\0")
+    root = Path(reagent_lite.__file__).parent
+    for pkg in _CODE_PACKAGES:
+        for path in sorted((root / pkg).glob("*.py")):
+            h.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
+    return h.hexdigest()
+
+
+# ------------------------------------------------------------------------ content digests
+
+
+def _group_span(md: pq.FileMetaData, g: int) -> tuple[int, int]:
+    """Byte range of row group `g`'s column chunks (dictionary pages included)."""
+    lo, hi = 1 << 62, 0
+    rg = md.row_group(g)
+    for c in range(rg.num_columns):
+        col = rg.column(c)
+        start = col.data_page_offset
+        if col.has_dictionary_page and col.dictionary_page_offset:
+            start = min(start, col.dictionary_page_offset)
+        lo, hi = min(lo, start), max(hi, start + col.total_compressed_size)
+    return lo, hi
+
+
+def _unit_groups(unit: ShardPiece, md: pq.FileMetaData) -> list[int]:
+    if unit.kind == "row_groups":
+        return list(unit.row_groups)
+    if unit.kind == "file":
+        return list(range(md.num_row_groups))
+    stop = unit.row_stop if unit.row_stop is not None else md.num_rows
+    groups, pos = [], 0
+    for g in range(md.num_row_groups):
+        n = md.row_group(g).num_rows
+        if pos < stop and pos + n > unit.row_start:
+            groups.append(g)
+        pos += n
+    return groups
+
+
+def unit_digest(unit: ShardPiece) -> str:
+    """The content digest of a unit's source (see the module notes): its file's schema and
+    metadata, its row groups' metadata (without their positions in the file), which rows
+    of them it is, and their bytes. Where a unit sits in its file, or its file on disk,
+    does not count: the same row group in a rewritten or moved file is the same unit."""
+    md = parquet_file(unit.file).metadata
+    size = unit.file.stat().st_size
+    groups = _unit_groups(unit, md)
+    h = hashlib.blake2b(digest_size=20)
+    what = {
+        "schema": [str(md.schema.column(i)) for i in range(len(md.schema))],
+        "metadata": {k.hex(): v.hex() for k, v in (md.metadata or {}).items()},
+        "groups": [_positionless(md.row_group(g).to_dict()) for g in groups],
+        "rows": [unit.row_start, unit.row_stop] if unit.kind == "rows" else None,
+    }
+    h.update(json.dumps(what, sort_keys=True, default=str).encode() + b"\0")
+    with unit.file.open("rb") as f:
+        for g in groups:
+            lo, hi = _group_span(md, g)
+            if not 0 <= lo < hi <= size:  # odd offsets: the whole file, then
+                lo, hi = 0, size
+            f.seek(lo)
+            while lo < hi:
+                block = f.read(min(_BLOCK, hi - lo))
+                if not block:
+                    break
+                h.update(block)
+                lo += len(block)
+    return h.hexdigest()
+
+
+def _positionless(meta: Any) -> Any:
+    """Row group metadata without byte offsets (which move when an earlier group changes)."""
+    if isinstance(meta, dict):
+        return {k: _positionless(v) for k, v in meta.items() if not k.endswith("offset")}
+    if isinstance(meta, list):
+        return [_positionless(v) for v in meta]
+    return meta
+
+
+def _unit_name(unit: ShardPiece) -> str:
+    if unit.kind == "row_groups":
+        return f"rg{unit.row_groups[0]}" if len(unit.row_groups) == 1 else "rgs"
+    if unit.kind == "rows":
+        return f"rows{unit.row_start}-{unit.row_stop}"
+    return "file"
+
+
+# ------------------------------------------------------------------------ the file format
+
+
+def write_arrays(path: Path, key: str, arrays: Mapping[str, np.ndarray]) -> None:
+    """`arrays` (equal leading length) into `path`, atomically: magic, header length
+    (uint64 LE), JSON header (space-padded so that the arrays start `ALIGN`ed), then each
+    array C-ordered little-endian at an `ALIGN`ed offset from there."""
+    columns: list[dict[str, Any]] = []
+    little: list[np.ndarray] = []
+    offset = 0
+    for name, a in arrays.items():
+        offset = _aligned(offset)
+        dtype = a.dtype.newbyteorder("<") if a.dtype.byteorder == ">" else a.dtype
+        little.append(np.ascontiguousarray(a, dtype=dtype))
+        columns.append({"name": name, "dtype": dtype.str, "shape": list(a.shape), "at": offset})
+        offset += a.nbytes
+    header: dict[str, Any] = {"format": FORMAT, "key": key, "columns": columns}
+    header["bytes"] = 0
+    start = _aligned(_LEAD + len(json.dumps(header).encode()) + 24)  # room for the byte count
+    header["bytes"] = start + offset
+    head = json.dumps(header).encode().ljust(start - _LEAD)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")
+    try:
+        with tmp.open("wb") as f:
+            f.write(MAGIC + len(head).to_bytes(8, "little") + head)
+            for col, a in zip(columns, little, strict=True):
+                f.seek(start + col["at"])
+                f.write(a.data)
+            f.truncate(header["bytes"])
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def read_arrays(path: Path, key: str) -> dict[str, np.ndarray] | None:
+    """The arrays `write_arrays` wrote into `path` under `key`, memory-mapped read-only;
+    None when the file is missing, of another key or format, or not whole."""
+    try:
+        with path.open("rb") as f:
+            lead = f.read(_LEAD)
+            if len(lead) < _LEAD or lead[: len(MAGIC)] != MAGIC:
+                return None
+            length = int.from_bytes(lead[len(MAGIC) :], "little")
+            head = json.loads(f.read(length))
+        size = path.stat().st_size
+    except (OSError, ValueError):
+        return None
+    if head.get("format") != FORMAT or head.get("key") != key or head.get("bytes") != size:
+        return None
+    start = _LEAD + length
+    whole = np.memmap(path, dtype=np.uint8, mode="r")
+    out = {}
+    for col in head["columns"]:
+        dtype, shape = np.dtype(col["dtype"]), tuple(col["shape"])
+        at = start + col["at"]
+        out[col["name"]] = whole[at : at + dtype.itemsize * int(np.prod(shape))].view(dtype)
+        out[col["name"]] = out[col["name"]].reshape(shape)
+    return out
+
+
+_LEAD = len(MAGIC) + 8
+
+
+def _aligned(n: int) -> int:
+    return -(-n // ALIGN) * ALIGN
+
+
+# ------------------------------------------------------------------------ the cache
+
+
+class PreparedUnits:
+    """A disk stream's window loader through prepared units (see the module notes).
+
+    `prepare(unit)` is the unprepared way for one unit: its training columns. `settings`: everything besides a unit's source that
+    its columns depend on (JSON-able). `load(units)` is then the window of `units`: each
+    unit's file opened (prepared and written first when missing or stale, up to `threads`
+    units at a time, the first failing unit's error raised as the unprepared load raises
+    it), their arrays end to end."""
+
+    def __init__(
+        self,
+        root: Path,
+        settings: Mapping[str, Any],
+        prepare: Callable[[ShardPiece], dict[str, Tensor]],
+        *,
+        threads: int | None = None,
+    ) -> None:
+        blob = json.dumps({"code": code_digest(), **settings}, sort_keys=True, default=str)
+        self.digest = hashlib.blake2b(blob.encode(), digest_size=10).hexdigest()
+        self.directory = root / self.digest
+        self.prepare = prepare
+        self.threads = load_threads() if threads is None else threads
+        self._keys: dict[ShardPiece, str] = {}
+        self._lock = threading.Lock()
+        self.reused = self.prepared = 0  # units, counted as windows open them
+        self.writable = self._make_directory(blob)
+
+    def _make_directory(self, blob: str) -> bool:
+        """Creates the directory (with `settings.json`, which says what its arrays are);
+        False, with a warning, when it cannot be written: units are then prepared in memory
+        for each window, as without a cache."""
+        try:
+            self.directory.mkdir(parents=True, exist_ok=True)
+            settings = self.directory / "settings.json"
+            if not settings.exists():
+                tmp = self.directory / f".settings.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp"
+                tmp.write_text(json.dumps(json.loads(blob), indent=1, sort_keys=True) + "\n")
+                os.replace(tmp, settings)
+            return True
+        except OSError as e:
+            log.warning(
+                "stream_prepare: cannot write prepared data under %s (%s); every window "
+                "is decoded from Parquet instead (set stream_prepared_dir to a writable "
+                "directory)",
+                self.directory,
+                e,
+            )
+            return False
+
+    def describe(self) -> str:
+        return f"prepared units in {self.directory}"
+
+    def path(self, unit: ShardPiece) -> tuple[Path, str]:
+        """Where `unit` is prepared, and its key (its source's digest, once per run)."""
+        key = self._keys.get(unit)
+        if key is None:
+            key = self._keys[unit] = unit_digest(unit)
+        return self.directory / f"{unit.file.name}.{_unit_name(unit)}.{key[:24]}.prep", key
+
+    def unit(self, unit: ShardPiece) -> dict[str, np.ndarray]:
+        """`unit`'s columns, from its file (prepared first when missing or stale)."""
+        if not self.writable:
+            return {k: v.numpy() for k, v in self.prepare(unit).items()}
+        path, key = self.path(unit)
+        found = read_arrays(path, key)
+        if found is None:
+            columns = self.prepare(unit)
+            arrays = {k: v.numpy() for k, v in columns.items()}
+            try:
+                write_arrays(path, key, arrays)
+            except OSError as e:  # a full disk: train on, uncached
+                log.warning("stream_prepare: cannot write %s (%s)", path, e)
+                return arrays
+            del columns, arrays
+            found = read_arrays(path, key)
+            if found is None:
+                raise OSError(f"{path}: a prepared unit did not read back")
+            with self._lock:
+                self.prepared += 1
+        else:
+            with self._lock:
+                self.reused += 1
+        return found
+
+    def load(self, units: Sequence[ShardPiece]) -> dict[str, Tensor]:
+        """The window of `units`: their columns end to end (host tensors)."""
+        parts = in_order(lambda i: self.unit(units[i]), len(units), self.threads)
+        columns = {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
+        del parts
+        return {k: torch.from_numpy(v) for k, v in columns.items()}
