@@ -15,12 +15,14 @@ Where: one directory per (code, kind, feature space, normalization, ingest setti
 under `stream_prepared_dir`, else `$REAGENT_LITE_PREPARED_DIR`, else
 `$XDG_CACHE_HOME/reagent-lite/prepared` (default `~/.cache/reagent-lite/prepared`).
 
-When it is rebuilt: a unit's file name carries a content digest of its source — BLAKE2b of
-the Parquet footer, the file size, which rows the unit is, and the bytes of the row
-group(s) it covers. Footers and sizes alone are cheap but miss in-place edits that keep
-every page size and min/max statistic (one value changed in an incompressible column);
-the row group's own bytes cannot be missed, and hashing them (about 1 GB/s, on the
-window-loading threads, once per unit per run) costs a fraction of decoding them. The
+When it is rebuilt: a unit's file name carries a content digest of its source — SHA-256 of
+the file's schema, the metadata of the row group(s) the unit covers (without their byte
+offsets, which move when an earlier group changes), which rows of them it is, and their
+bytes. Footers and sizes alone are cheap but miss edits that keep every page size and
+min/max statistic (one value changed in an incompressible column: a test shows one); the
+row group's own bytes cannot miss it, and hashing them (SHA-256 runs at hundreds of MB/s
+to GB/s a thread with the CPU's SHA instructions; on the window-loading threads, once per
+unit per run) costs a fraction of decoding them. The
 directory's digest covers the config values the arrays depend on (the feature space, the
 normalization parameters, `drop_bad_rows`, ...), the source code of the packages that make
 the arrays (`data/`, `normalization/`, `kinds/`) and the torch / numpy / pyarrow versions.
@@ -43,6 +45,7 @@ import os
 import threading
 import uuid
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -81,7 +84,7 @@ def prepared_root(configured: str | None) -> Path:
 def code_digest() -> str:
     """Digest of the source of the packages that make a unit's arrays, and of the libraries'
     versions: a new version of either is a new directory, never stale arrays."""
-    h = hashlib.blake2b(digest_size=16)
+    h = hashlib.sha256()
     for lib in (torch.__version__, np.__version__, pa.__version__, str(FORMAT)):
         h.update(lib.encode() + b"\0")
     root = Path(reagent_lite.__file__).parent
@@ -94,17 +97,28 @@ def code_digest() -> str:
 # ------------------------------------------------------------------------ content digests
 
 
-def _group_span(md: pq.FileMetaData, g: int) -> tuple[int, int]:
-    """Byte range of row group `g`'s column chunks (dictionary pages included)."""
-    lo, hi = 1 << 62, 0
+def file_facts(path: Path) -> tuple[pq.FileMetaData, int, bytes]:
+    """What every unit of a Parquet file shares in its digest: the footer's metadata, the
+    file's size and its schema (column types, Arrow schema)."""
+    md = parquet_file(path).metadata
+    schema = [str(md.schema.column(i)) for i in range(len(md.schema))]
+    extra = {k.hex(): v.hex() for k, v in (md.metadata or {}).items()}
+    return md, path.stat().st_size, json.dumps([schema, extra], sort_keys=True).encode()
+
+
+def _group(md: pq.FileMetaData, g: int) -> tuple[list[Any], int, int]:
+    """Row group `g`: what its bytes do not say (codecs, types, row count), and the byte
+    range of its column chunks (dictionary pages included)."""
     rg = md.row_group(g)
+    lo, hi, facts = 1 << 62, 0, [rg.num_rows]
     for c in range(rg.num_columns):
         col = rg.column(c)
         start = col.data_page_offset
         if col.has_dictionary_page and col.dictionary_page_offset:
             start = min(start, col.dictionary_page_offset)
         lo, hi = min(lo, start), max(hi, start + col.total_compressed_size)
-    return lo, hi
+        facts.append([col.path_in_schema, col.physical_type, col.compression, col.num_values])
+    return facts, lo, hi
 
 
 def _unit_groups(unit: ShardPiece, md: pq.FileMetaData) -> list[int]:
@@ -122,25 +136,19 @@ def _unit_groups(unit: ShardPiece, md: pq.FileMetaData) -> list[int]:
     return groups
 
 
-def unit_digest(unit: ShardPiece) -> str:
-    """The content digest of a unit's source (see the module notes): its file's schema and
-    metadata, its row groups' metadata (without their positions in the file), which rows
-    of them it is, and their bytes. Where a unit sits in its file, or its file on disk,
-    does not count: the same row group in a rewritten or moved file is the same unit."""
-    md = parquet_file(unit.file).metadata
-    size = unit.file.stat().st_size
-    groups = _unit_groups(unit, md)
-    h = hashlib.blake2b(digest_size=20)
-    what = {
-        "schema": [str(md.schema.column(i)) for i in range(len(md.schema))],
-        "metadata": {k.hex(): v.hex() for k, v in (md.metadata or {}).items()},
-        "groups": [_positionless(md.row_group(g).to_dict()) for g in groups],
-        "rows": [unit.row_start, unit.row_stop] if unit.kind == "rows" else None,
-    }
-    h.update(json.dumps(what, sort_keys=True, default=str).encode() + b"\0")
+def unit_digest(unit: ShardPiece, facts: tuple[pq.FileMetaData, int, bytes] | None = None) -> str:
+    """The content digest of a unit's source (see the module notes): its file's schema,
+    what its row groups' metadata says that their bytes do not (codecs, types, counts),
+    which rows of them it is, and their bytes. Where a unit sits in its file, or its file
+    on disk, does not count: the same row group in a rewritten or moved file is the same
+    unit. `facts`: `file_facts(unit.file)`, when known."""
+    md, size, schema = facts or file_facts(unit.file)
+    groups = [_group(md, g) for g in _unit_groups(unit, md)]
+    h = hashlib.sha256(schema + b"\0")
+    rows = [unit.row_start, unit.row_stop] if unit.kind == "rows" else None
+    h.update(json.dumps([rows, [g[0] for g in groups]]).encode() + b"\0")
     with unit.file.open("rb") as f:
-        for g in groups:
-            lo, hi = _group_span(md, g)
+        for _, lo, hi in groups:
             if not 0 <= lo < hi <= size:  # odd offsets: the whole file, then
                 lo, hi = 0, size
             f.seek(lo)
@@ -151,15 +159,6 @@ def unit_digest(unit: ShardPiece) -> str:
                 h.update(block)
                 lo += len(block)
     return h.hexdigest()
-
-
-def _positionless(meta: Any) -> Any:
-    """Row group metadata without byte offsets (which move when an earlier group changes)."""
-    if isinstance(meta, dict):
-        return {k: _positionless(v) for k, v in meta.items() if not k.endswith("offset")}
-    if isinstance(meta, list):
-        return [_positionless(v) for v in meta]
-    return meta
 
 
 def _unit_name(unit: ShardPiece) -> str:
@@ -206,9 +205,10 @@ def write_arrays(path: Path, key: str, arrays: Mapping[str, np.ndarray]) -> None
         tmp.unlink(missing_ok=True)
 
 
-def read_arrays(path: Path, key: str) -> dict[str, np.ndarray] | None:
-    """The arrays `write_arrays` wrote into `path` under `key`, memory-mapped read-only;
-    None when the file is missing, of another key or format, or not whole."""
+def read_header(path: Path, key: str) -> tuple[list[dict[str, Any]], int] | None:
+    """The columns of the file `write_arrays` wrote into `path` under `key` (name, dtype,
+    shape, offset) and where its arrays start; None when the file is missing, of another
+    key or format, or not whole."""
     try:
         with path.open("rb") as f:
             lead = f.read(_LEAD)
@@ -216,20 +216,42 @@ def read_arrays(path: Path, key: str) -> dict[str, np.ndarray] | None:
                 return None
             length = int.from_bytes(lead[len(MAGIC) :], "little")
             head = json.loads(f.read(length))
-        size = path.stat().st_size
+            size = os.fstat(f.fileno()).st_size
     except (OSError, ValueError):
         return None
     if head.get("format") != FORMAT or head.get("key") != key or head.get("bytes") != size:
         return None
-    start = _LEAD + length
+    return head["columns"], _LEAD + length
+
+
+def read_arrays(path: Path, key: str) -> dict[str, np.ndarray] | None:
+    """The arrays of `path` (see `read_header`), memory-mapped read-only; None as there."""
+    found = read_header(path, key)
+    if found is None:
+        return None
+    columns, start = found
     whole = np.memmap(path, dtype=np.uint8, mode="r")
     out = {}
-    for col in head["columns"]:
+    for col in columns:
         dtype, shape = np.dtype(col["dtype"]), tuple(col["shape"])
         at = start + col["at"]
-        out[col["name"]] = whole[at : at + dtype.itemsize * int(np.prod(shape))].view(dtype)
-        out[col["name"]] = out[col["name"]].reshape(shape)
+        flat = whole[at : at + dtype.itemsize * int(np.prod(shape))]
+        out[col["name"]] = flat.view(dtype).reshape(shape)
     return out
+
+
+def read_into(
+    path: Path, columns: list[dict[str, Any]], start: int, out: Mapping[str, np.ndarray]
+) -> None:
+    """The arrays of `path` (`read_header`'s `columns` and `start`) copied into `out`
+    (C-contiguous, of their dtypes and shapes): one read per column straight from the
+    page cache, no mapping to fault in."""
+    with path.open("rb", buffering=0) as f:
+        for col in columns:
+            dest = out[col["name"]].data.cast("B")
+            f.seek(start + col["at"])
+            if f.readinto(dest) != dest.nbytes:
+                raise OSError(f"{path}: a prepared unit was cut short while being read")
 
 
 _LEAD = len(MAGIC) + 8
@@ -245,11 +267,12 @@ def _aligned(n: int) -> int:
 class PreparedUnits:
     """A disk stream's window loader through prepared units (see the module notes).
 
-    `prepare(unit)` is the unprepared way for one unit: its training columns. `settings`: everything besides a unit's source that
-    its columns depend on (JSON-able). `load(units)` is then the window of `units`: each
-    unit's file opened (prepared and written first when missing or stale, up to `threads`
-    units at a time, the first failing unit's error raised as the unprepared load raises
-    it), their arrays end to end."""
+    `prepare(unit)` is the unprepared way for one unit: its training columns. `settings`:
+    everything besides a unit's source that its columns depend on (JSON-able).
+    `load(units)` is then the window of `units`: each unit's file opened (prepared and
+    written first when missing or stale, up to `threads` units at a time, the first
+    failing unit's error raised as the unprepared load raises it), their arrays read end
+    to end into the window's."""
 
     def __init__(
         self,
@@ -260,11 +283,12 @@ class PreparedUnits:
         threads: int | None = None,
     ) -> None:
         blob = json.dumps({"code": code_digest(), **settings}, sort_keys=True, default=str)
-        self.digest = hashlib.blake2b(blob.encode(), digest_size=10).hexdigest()
+        self.digest = hashlib.sha256(blob.encode()).hexdigest()[:20]
         self.directory = root / self.digest
         self.prepare = prepare
         self.threads = load_threads() if threads is None else threads
-        self._keys: dict[ShardPiece, str] = {}
+        self._keys: dict[ShardPiece, str] = {}  # a unit's source digest, once per run
+        self._files: dict[Path, tuple[pq.FileMetaData, int, bytes]] = {}  # file_facts
         self._lock = threading.Lock()
         self.reused = self.prepared = 0  # units, counted as windows open them
         self.writable = self._make_directory(blob)
@@ -298,25 +322,30 @@ class PreparedUnits:
         """Where `unit` is prepared, and its key (its source's digest, once per run)."""
         key = self._keys.get(unit)
         if key is None:
-            key = self._keys[unit] = unit_digest(unit)
+            with self._lock:
+                facts = self._files.get(unit.file)
+            if facts is None:
+                facts = file_facts(unit.file)
+                with self._lock:
+                    self._files[unit.file] = facts
+            key = self._keys[unit] = unit_digest(unit, facts)
         return self.directory / f"{unit.file.name}.{_unit_name(unit)}.{key[:24]}.prep", key
 
-    def unit(self, unit: ShardPiece) -> dict[str, np.ndarray]:
-        """`unit`'s columns, from its file (prepared first when missing or stale)."""
+    def _open(self, unit: ShardPiece) -> _Part:
+        """`unit`'s prepared file (prepared first when missing or stale)."""
         if not self.writable:
-            return {k: v.numpy() for k, v in self.prepare(unit).items()}
+            return _Part(arrays={k: v.numpy() for k, v in self.prepare(unit).items()})
         path, key = self.path(unit)
-        found = read_arrays(path, key)
+        found = read_header(path, key)
         if found is None:
-            columns = self.prepare(unit)
-            arrays = {k: v.numpy() for k, v in columns.items()}
+            arrays = {k: v.numpy() for k, v in self.prepare(unit).items()}
             try:
                 write_arrays(path, key, arrays)
             except OSError as e:  # a full disk: train on, uncached
                 log.warning("stream_prepare: cannot write %s (%s)", path, e)
-                return arrays
-            del columns, arrays
-            found = read_arrays(path, key)
+                return _Part(arrays=arrays)
+            del arrays
+            found = read_header(path, key)
             if found is None:
                 raise OSError(f"{path}: a prepared unit did not read back")
             with self._lock:
@@ -324,11 +353,51 @@ class PreparedUnits:
         else:
             with self._lock:
                 self.reused += 1
-        return found
+        return _Part(path=path, columns=found[0], start=found[1])
 
     def load(self, units: Sequence[ShardPiece]) -> dict[str, Tensor]:
         """The window of `units`: their columns end to end (host tensors)."""
-        parts = in_order(lambda i: self.unit(units[i]), len(units), self.threads)
-        columns = {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
-        del parts
-        return {k: torch.from_numpy(v) for k, v in columns.items()}
+        parts = in_order(lambda i: self._open(units[i]), len(units), self.threads)
+        offsets = np.cumsum([0] + [p.rows for p in parts]).tolist()
+        window = {
+            name: np.empty((offsets[-1], *shape), dtype)
+            for name, (dtype, shape) in parts[0].layout().items()
+        }
+
+        def fill(i: int) -> None:
+            lo, hi = offsets[i], offsets[i + 1]
+            parts[i].fill({k: v[lo:hi] for k, v in window.items()})
+
+        in_order(fill, len(parts), self.threads)
+        return {k: torch.from_numpy(v) for k, v in window.items()}
+
+
+@dataclass
+class _Part:
+    """One unit of a window: in its prepared file (`path`, the header's `columns`, where
+    the arrays `start`), or in memory (`arrays`) when it could not be written."""
+
+    path: Path | None = None
+    columns: list[dict[str, Any]] = field(default_factory=list)
+    start: int = 0
+    arrays: dict[str, np.ndarray] | None = None
+
+    @property
+    def rows(self) -> int:
+        if self.arrays is not None:
+            return int(next(iter(self.arrays.values())).shape[0])
+        return int(self.columns[0]["shape"][0])
+
+    def layout(self) -> dict[str, tuple[np.dtype[Any], tuple[int, ...]]]:
+        """Column → (dtype, shape of a row)."""
+        if self.arrays is not None:
+            return {k: (a.dtype, a.shape[1:]) for k, a in self.arrays.items()}
+        return {c["name"]: (np.dtype(c["dtype"]), tuple(c["shape"][1:])) for c in self.columns}
+
+    def fill(self, out: dict[str, np.ndarray]) -> None:
+        if self.arrays is not None:
+            for k, a in self.arrays.items():
+                out[k][...] = a
+        else:
+            assert self.path is not None
+            read_into(self.path, self.columns, self.start, out)
