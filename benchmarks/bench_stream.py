@@ -24,8 +24,12 @@ loads included, as far as the background thread does not hide them) and its peak
   epochs include preparing, the first one most), a second run — a later run on the same
   data and config — reads them back (`prepared` row).
 
-`/resident` divides by the resident row of the same table size and run; `1st epoch` is the
-first epoch's rate (the others' median is the main figure).
+`/resident` divides by the resident row of the same table size and round; `per CPU-s` is
+transitions per CPU-second of the process (all its threads: a background window loader
+costs CPU time even where it hides behind the step's wall time); `1st epoch` is the first
+epoch's rate (the others' median is the main figure). `--rounds N` runs the
+modes N times in turn and ends with each mode's median and its median ratio to the
+resident run of the same round — on a shared machine, where the load moves between runs.
 """
 
 from __future__ import annotations
@@ -179,6 +183,12 @@ def _rss_mib() -> float:
     return float("nan")
 
 
+def _cpu_s() -> float:
+    """CPU seconds of this process, all threads (the window loaders' included)."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
 def child(args: argparse.Namespace) -> None:
     import torch
 
@@ -222,21 +232,23 @@ def child(args: argparse.Namespace) -> None:
     setup_s = time.perf_counter() - t0
     after_setup = _rss_mib()
     runner = wf.step_runner()
-    rates = []
+    rates, cpu_rates = [], []
     for epoch in range(args.epochs):
         runner.begin_epoch(epoch)
-        t = time.perf_counter()
+        t, cpu = time.perf_counter(), _cpu_s()
         for _ in range(wf.steps_per_epoch):
             runner.step()
         if wf.device.type == "cuda":
             torch.cuda.synchronize(wf.device)
         rates.append(wf.steps_per_epoch * runner.step_rows / (time.perf_counter() - t))
+        cpu_rates.append(wf.steps_per_epoch * runner.step_rows / (_cpu_s() - cpu))
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     prepared = wf.disk.prepared if wf.disk is not None else None
     out = {
         "setup_s": setup_s,
         "transitions_per_s": statistics.median(rates[1:] or rates),
         "first_epoch_per_s": rates[0],
+        "per_cpu_s": statistics.median(cpu_rates[1:] or cpu_rates),
         "units_prepared": prepared.prepared if prepared is not None else None,
         "units_reused": prepared.reused if prepared is not None else None,
         "rss_before_data_mib": base,
@@ -272,6 +284,9 @@ def main() -> None:
     p.add_argument("--rows", default="1e5,1e6", help="table sizes, comma-separated")
     p.add_argument("--modes", default="resident,host,disk,prepared")
     p.add_argument("--row-group", type=int, default=65_536, help="rows per Parquet row group")
+    p.add_argument(
+        "--rounds", type=int, default=1, help="repeat the modes, alternating (a shared box)"
+    )
     p.add_argument("--kind", default="dqn", choices=["dqn", "parametric"])
     p.add_argument("--device", default="cpu")
     p.add_argument("--batch", type=int, default=1024)
@@ -291,8 +306,8 @@ def main() -> None:
     print(f"{args.kind}, device {args.device}, batch {args.batch}, {args.steps} steps × {args.epochs} epochs, "
           f"row groups of {args.row_group:,} rows, window {args.window:,} rows, "
           f"load {os.getloadavg()[0]:.1f}", flush=True)  # fmt: skip
-    header = "| rows | mode | transitions/s | /resident | 1st epoch | setup s | peak RSS MiB | peak − before data MiB |"
-    print(header + "\n|---|---|---|---|---|---|---|---|", flush=True)
+    header = "| rows | mode | transitions/s | /resident | per CPU-s | 1st epoch | setup s | peak RSS MiB | peak − before data MiB |"
+    print(header + "\n|---|---|---|---|---|---|---|---|---|", flush=True)
     for rows in (int(float(r)) for r in args.rows.split(",")):
         t = time.perf_counter()
         name = f"{args.kind}_{rows}" + (f"_rg{args.row_group}" if args.row_group != 65_536 else "")
@@ -300,21 +315,46 @@ def main() -> None:
         made = time.perf_counter() - t
         if made > 1:
             print(f"(wrote {rows:,} rows in {made:.0f} s)", file=sys.stderr, flush=True)
-        resident = None
-        for mode in args.modes.split(","):
-            if mode == "prepared":  # a first run prepares into an empty cache, a later one reads
-                shutil.rmtree(Path(args.root) / "prepared", ignore_errors=True)
-                _row(rows, "prepare", run_child(data, "prepare", args), resident)
-            r = run_child(data, mode, args)
-            resident = r["transitions_per_s"] if mode == "resident" else resident
-            _row(rows, mode, r, resident)
+        ratios: dict[str, list[float]] = {}
+        rates: dict[str, list[float]] = {}
+        cpu: dict[str, list[float]] = {}  # transitions per CPU-second, ratio to resident's
+        for round_ in range(args.rounds):
+            resident = None
+            for mode in args.modes.split(","):
+                if mode == "prepared" and round_ == 0:  # a first run prepares, later ones read
+                    shutil.rmtree(Path(args.root) / "prepared", ignore_errors=True)
+                    _row(rows, "prepare", run_child(data, "prepare", args), resident)
+                r = run_child(data, mode, args)
+                resident = r if mode == "resident" else resident
+                _row(rows, mode, r, resident)
+                rates.setdefault(mode, []).append(r["transitions_per_s"])
+                if resident:
+                    ratios.setdefault(mode, []).append(
+                        r["transitions_per_s"] / resident["transitions_per_s"]
+                    )
+                    cpu.setdefault(mode, []).append(r["per_cpu_s"] / resident["per_cpu_s"])
+        if args.rounds > 1:
+            print(f"\nmedians over {args.rounds} rounds (ratios paired within a round):")
+            print("| rows | mode | transitions/s | /resident | per CPU-s /resident |")
+            print("|---|---|---|---|---|")
+            for mode, got in rates.items():
+                ratio = statistics.median(ratios.get(mode, [float("nan")]))
+                per_cpu = statistics.median(cpu.get(mode, [float("nan")]))
+                print(f"| {rows:.0e} | {mode} | {statistics.median(got):,.0f} | {ratio:.2f} | "
+                      f"{per_cpu:.2f} |")  # fmt: skip
 
 
-def _row(rows: int, mode: str, r: dict[str, Any], resident: float | None) -> None:
-    ratio = f"{r['transitions_per_s'] / resident:.2f}" if resident else "–"
+def _row(rows: int, mode: str, r: dict[str, Any], resident: dict[str, Any] | None) -> None:
+    ratio = f"{r['transitions_per_s'] / resident['transitions_per_s']:.2f}" if resident else "–"
     print(f"| {rows:.0e} | {mode} | {r['transitions_per_s']:,.0f} | {ratio} | "
-          f"{r['first_epoch_per_s']:,.0f} | {r['setup_s']:.1f} | {r['peak_rss_mib']:,.0f} | "
-          f"{r['peak_over_base_mib']:,.0f} |", flush=True)  # fmt: skip
+          f"{r['per_cpu_s']:,.0f} | {r['first_epoch_per_s']:,.0f} | {r['setup_s']:.1f} | "
+          f"{r['peak_rss_mib']:,.0f} | {r['peak_over_base_mib']:,.0f} |{_units(r)}", flush=True)  # fmt: skip
+
+
+def _units(r: dict[str, Any]) -> str:
+    if r["units_prepared"] is None:
+        return ""
+    return f" (row groups prepared {r['units_prepared']}, read back {r['units_reused']})"
 
 
 if __name__ == "__main__":

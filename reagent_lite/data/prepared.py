@@ -4,11 +4,13 @@ Under `stream_from_disk` every window of every epoch used to go through Parquet 
 validation, tensorization and normalization again. With `stream_prepare: true` each unit
 (one Parquet row group, `data/windows.py`) takes that way once: its training columns —
 validated, conformed to the run's feature space, normalized — are written to one file of
-fixed-width little-endian arrays behind a small JSON header; every later window that
-holds the unit, in this epoch, later epochs and later runs, memory-maps the file and
-copies its bytes. A window is the units' arrays end to end, exactly the arrays the
-unprepared path builds for it (rows are normalized row by row, so normalizing a unit on
-its own gives the same bits as normalizing it inside a window).
+fixed-width little-endian arrays behind a small JSON header (memory-mappable:
+`read_arrays`); every later window that holds the unit, in this epoch, later epochs and
+later runs, reads the arrays' bytes straight into the window's arrays (`read_into`: one
+read per column from the page cache, cheaper than faulting a mapping in). A window is the
+units' arrays end to end, exactly the arrays the unprepared path builds for it (rows are
+normalized row by row, so normalizing a unit on its own gives the same bits as
+normalizing it inside a window; the tests compare every bit).
 
 Where: one directory per (code, kind, feature space, normalization, ingest settings) —
 `settings.json` in it says which — holding one `<file>.<unit>.<digest>.prep` per unit,
@@ -16,18 +18,18 @@ under `stream_prepared_dir`, else `$REAGENT_LITE_PREPARED_DIR`, else
 `$XDG_CACHE_HOME/reagent-lite/prepared` (default `~/.cache/reagent-lite/prepared`).
 
 When it is rebuilt: a unit's file name carries a content digest of its source — SHA-256 of
-the file's schema, the metadata of the row group(s) the unit covers (without their byte
-offsets, which move when an earlier group changes), which rows of them it is, and their
-bytes. Footers and sizes alone are cheap but miss edits that keep every page size and
-min/max statistic (one value changed in an incompressible column: a test shows one); the
-row group's own bytes cannot miss it, and hashing them (SHA-256 runs at hundreds of MB/s
-to GB/s a thread with the CPU's SHA instructions; on the window-loading threads, once per
-unit per run) costs a fraction of decoding them. The
-directory's digest covers the config values the arrays depend on (the feature space, the
-normalization parameters, `drop_bad_rows`, ...), the source code of the packages that make
-the arrays (`data/`, `normalization/`, `kinds/`) and the torch / numpy / pyarrow versions.
-Timestamps are never consulted. Nothing is ever deleted automatically: remove the
-directory (or one `settings.json` directory in it) to reclaim the space.
+the file's schema, what the metadata of the unit's row group(s) says that their bytes do
+not (codecs, types, counts; not their byte offsets, which move when an earlier group
+changes), which rows of them it is, and their bytes. Footers and sizes alone are cheap but
+miss edits that keep every page size and min/max statistic (one value changed in an
+incompressible column: a test shows one); the row group's own bytes cannot miss it, and
+hashing them (SHA-256, hundreds of MB/s to GB/s a thread with the CPU's SHA instructions,
+on the window-loading threads, once per unit per run) costs a fraction of decoding them.
+The directory's digest covers the config values the arrays depend on (the feature space,
+the normalization parameters, `Kind.ingest_settings`), the source code of the packages
+that make the arrays (`data/`, `normalization/`, `kinds/`) and the torch / numpy /
+pyarrow versions. Timestamps are never consulted. Nothing is ever deleted automatically:
+remove the root (or one directory in it) to reclaim the space.
 
 Writing is atomic: a unit is written to a hidden temporary file in the same directory,
 flushed to disk and renamed over its final name, so a prepare killed midway leaves at most
