@@ -139,11 +139,11 @@ def test_error_in_training_mid_epoch_stops_the_chunk_worker(
         wf.setup()
         step, calls = wf.trainer.train_step, [0]
 
-        def failing(batches: Any, grad_sync: Any = None) -> Any:
+        def failing(batches: Any, grad_sync: Any = None, **kw: Any) -> Any:
             calls[0] += 1
             if calls[0] == 5:
                 raise RuntimeError("training failed")
-            return step(batches, grad_sync)
+            return step(batches, grad_sync, **kw)
 
         monkeypatch.setattr(wf.trainer, "train_step", failing)
         with pytest.raises(RuntimeError, match="training failed"):
