@@ -1,7 +1,8 @@
-"""Small filesystem helpers: atomic writes and an early writability check."""
+"""Small filesystem helpers: durable atomic writes and an early writability check."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import tempfile
@@ -15,7 +16,11 @@ from reagent_lite.errors import ConfigError
 def atomic_write(path: Path, write: Callable[[Path], None]) -> None:
     """Calls `write(tmp)` on a temp file beside `path`, then renames it over `path`.
 
-    A crash mid-write leaves the old file (or none), never a half-written one.
+    A crash mid-write leaves the old file (or none), never a half-written one; the new
+    content and the directory entry are on disk (fsync) before the call returns, so a file
+    replaced or deleted after it (an older checkpoint) is never the last good copy lost to
+    a power cut. A temp file of a killed write is left as `.<name>.*.tmp*`:
+    `remove_temp_files` clears them.
     """
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp_name = tempfile.mkstemp(
@@ -27,9 +32,40 @@ def atomic_write(path: Path, write: Callable[[Path], None]) -> None:
         write(tmp)
         # mkstemp makes 0600 files; outputs on a shared filesystem should honour the umask.
         os.chmod(tmp, default_file_mode())
+        fsync_path(tmp)
         os.replace(tmp, path)
+        fsync_path(path.parent)
     finally:
         tmp.unlink(missing_ok=True)
+
+
+def fsync_path(path: Path) -> None:
+    """Flushes a file's data, or a directory's entries, to disk."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def remove_temp_files(directory: Path) -> list[Path]:
+    """Deletes the temp files `atomic_write` left in `directory` when a process died
+    mid-write (only safe while no other process writes there); returns them."""
+    if not directory.is_dir():
+        return []
+    found = [p for p in directory.iterdir() if p.name.startswith(".") and ".tmp" in p.name]
+    for p in found:
+        if p.is_file():
+            p.unlink(missing_ok=True)
+    return found
+
+
+def file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
 
 
 def default_file_mode() -> int:

@@ -27,7 +27,9 @@ from reagent_lite.data.schema import TableSchema, check_columns
 from reagent_lite.data.scoring import values_and_presence
 from reagent_lite.data.validate import ShardValidation
 from reagent_lite.errors import ConfigError, DataError, ReagentLiteError
+from reagent_lite.io_utils import file_sha256
 from reagent_lite.kinds import FeatureSpace, get_kind
+from reagent_lite.safe_load import load_program
 from reagent_lite.table_io import output_format, write_table
 
 
@@ -77,10 +79,16 @@ class Predictor:
                 f"--model: '{directory}' holds no model.pt2 + model_meta.json "
                 "(expected the model_output_path of a finished run)"
             )
-        self.meta: dict[str, Any] = json.loads(meta_path.read_text())
-        self.kind = get_kind(self.meta["workflow"])
-        self.space = FeatureSpace.from_json(self.meta)
-        self.program = torch.export.load(str(model_path)).module()
+        self.meta: dict[str, Any] = read_meta(meta_path)
+        try:
+            self.kind = get_kind(self.meta["workflow"])
+            self.space = FeatureSpace.from_json(self.meta)
+        except (KeyError, TypeError, ValueError, AttributeError) as err:
+            raise ConfigError(
+                f"--model: '{meta_path}' is not a complete model_meta.json ({_short(err)})"
+            ) from err
+        check_pair(model_path, self.meta)
+        self.program = load_program(model_path, "--model").module()
 
     @torch.no_grad()
     def score(self, table: pa.Table, batch_size: int = 65_536, source: str = "data") -> pa.Table:
@@ -95,15 +103,49 @@ class Predictor:
         return self.kind.score_rows(self.program, table, state, self.space, batch_size, source)
 
 
+def read_meta(path: Path) -> dict[str, Any]:
+    """model_meta.json as a dict; a damaged one is a `ConfigError`."""
+    try:
+        meta = json.loads(path.read_text())
+    except (ValueError, RecursionError, OSError) as err:
+        raise ConfigError(f"--model: '{path}' cannot be read as JSON ({_short(err)})") from err
+    if not isinstance(meta, dict):
+        raise ConfigError(f"--model: '{path}' is not a JSON object")
+    return meta
+
+
+def check_pair(model_path: Path, meta: dict[str, Any]) -> None:
+    """`ConfigError` when model.pt2 is not the file model_meta.json was written for (a run
+    stopped between the two, or a model copied over another run's)."""
+    want = meta.get("model_sha256")
+    if want is None:
+        return  # written before the digest was recorded
+    if file_sha256(model_path) != want:
+        raise ConfigError(
+            f"--model: '{model_path}' is not the model '{model_path.parent / 'model_meta.json'}'"
+            f" describes (run {meta.get('run_id', '?')}): the files come from different runs"
+        )
+
+
+def _short(err: BaseException) -> str:
+    text = str(err).strip()
+    return (text.splitlines()[0] if text else type(err).__name__)[:200]
+
+
 def main(argv: list[str] | None = None, prog: str = "python -m reagent_lite.predict") -> None:
     args = predict_parser(prog).parse_args(argv)
     try:
+        if Path(args.output).is_dir():
+            raise ConfigError(f"--output: '{args.output}' is a directory (expected a file path)")
         output_format(args.output)  # a bad extension fails before the model is loaded
         predictor = Predictor(args.model)
         scored = predictor.score(
             read_table(args.data), batch_size=args.batch_size, source=args.data
         )
-        write_table(scored, args.output)
+        try:
+            write_table(scored, args.output)
+        except OSError as err:
+            raise ConfigError(f"--output: cannot write '{args.output}' ({_short(err)})") from err
     except ReagentLiteError as err:
         print(f"error: {err}", file=sys.stderr)
         sys.exit(err.exit_code)

@@ -15,6 +15,7 @@ import torch
 
 from reagent_lite.errors import ConfigError
 from reagent_lite.kinds import FeatureSpace, Kind
+from reagent_lite.safe_load import load_program
 
 
 def _state_columns(state_feature_ids: list[str], obs_dim: int) -> np.ndarray:
@@ -42,7 +43,7 @@ def rollout_exported_model(
     `FeatureSpace.from_json(meta)` of its `model_meta.json`.)"""
     import gymnasium as gym
 
-    program = torch.export.load(str(model_path)).module()
+    program = load_program(model_path, "online check").module()
     env = gym.make(env_id)
     n_env_actions = int(env.action_space.n)  # type: ignore[attr-defined]
     cols = _state_columns(space.state_ids, int(np.prod(env.observation_space.shape or (0,))))

@@ -22,6 +22,7 @@ from reagent_lite.distributed.context import DistContext
 from reagent_lite.errors import ConfigError
 from reagent_lite.evaluation.cpe_models import CpeModelTrainer
 from reagent_lite.io_utils import atomic_write
+from reagent_lite.safe_load import load_state
 from reagent_lite.trainers.common import QLearningTrainer
 from reagent_lite.training.graphs import plain_lr
 
@@ -58,9 +59,9 @@ def latest_checkpoint(output_dir: Path) -> Path | None:
 
 
 def load_checkpoint(path: Path) -> dict[str, Any]:
-    # Our own files hold optimizer state and RNG states (numpy arrays, tuples), so the
-    # restricted weights-only unpickler is too strict for them.
-    state: dict[str, Any] = torch.load(path, map_location="cpu", weights_only=False)
+    # Weights-only: a file someone else put in checkpoints/ must not run code. Everything
+    # we write is tensors, numbers, strings and containers (RNG states as byte tensors).
+    state: dict[str, Any] = load_state(path)
     return state
 
 
