@@ -23,7 +23,7 @@ from torch import nn
 from reagent_lite import __version__
 from reagent_lite.config import WorkflowConfig
 from reagent_lite.evaluation.cpe_models import EvaluatedPolicy
-from reagent_lite.io_utils import atomic_write, atomic_write_json
+from reagent_lite.io_utils import atomic_write, atomic_write_json, file_sha256, fsync_path
 from reagent_lite.kinds import FeatureSpace, Kind
 from reagent_lite.normalization.module import Preprocessor
 from reagent_lite.normalization.params import NormalizationParameters, save_normalization
@@ -44,6 +44,7 @@ class RunResult:
     selected_epoch: int
     history: Sequence[Mapping[str, Any]]  # rank 0's per-epoch records
     world_size: int
+    run_id: str = ""  # the run that trained it (ownership.py)
 
 
 def export_program(serving: nn.Module, kind: Kind[Any], space: FeatureSpace) -> Any:
@@ -73,6 +74,12 @@ def write_outputs(run: RunResult) -> tuple[Path, dict[str, Any] | None]:
     with torch.no_grad():
         program = export_program(serving, kind, space)
 
+    # The model files of one run appear together or not at all: model_meta.json marks a
+    # complete set (predict requires it and checks model.pt2's digest against it), so the
+    # previous run's goes first and this run's comes last.
+    meta_path = out / "model_meta.json"
+    meta_path.unlink(missing_ok=True)
+    fsync_path(out)
     resolved = run.cfg.model_dump(mode="json")
     atomic_write_json(out / "config.json", resolved)
     for name, params in run.norm.items():
@@ -96,6 +103,8 @@ def write_outputs(run: RunResult) -> tuple[Path, dict[str, Any] | None]:
             for name, params in run.norm.items()
         },
         "config_hash": config_hash(resolved),
+        "run_id": run.run_id,
+        "model_sha256": file_sha256(model_path),
         "selected_epoch": run.selected_epoch,
         "model_selection": run.cfg.evaluation.model_selection,
         # Which policy the CPE figures in final_metrics (and metrics.jsonl) describe.
@@ -105,7 +114,7 @@ def write_outputs(run: RunResult) -> tuple[Path, dict[str, Any] | None]:
         "online_evaluation": online,
         "sample_data": resolved.get("sample_data"),
     }
-    atomic_write_json(out / "model_meta.json", meta)
+    atomic_write_json(meta_path, meta)
     log.info(
         "model written to %s (epoch %d selected; the files count epochs from 0: "
         "selected_epoch %d in model_meta.json)",

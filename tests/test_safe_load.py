@@ -179,6 +179,13 @@ def test_our_own_model_passes_and_a_truncated_one_is_one_line(
     (cut / "model_meta.json").write_text((model_dir / "model_meta.json").read_text())
     data = (model_dir / "model.pt2").read_bytes()
     (cut / "model.pt2").write_bytes(data[: len(data) // 2])
+    # The meta names the digest of the model it was written with ...
+    with pytest.raises(ConfigError, match="the files come from different runs"):
+        Predictor(cut)
+    # ... and without one, the archive itself is refused in one line.
+    meta = json.loads((cut / "model_meta.json").read_text())
+    del meta["model_sha256"]
+    (cut / "model_meta.json").write_text(json.dumps(meta))
     with pytest.raises(ConfigError, match=r"not a readable torch\.export archive") as err:
         Predictor(cut)
     assert "\n" not in str(err.value)

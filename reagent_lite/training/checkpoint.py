@@ -25,36 +25,71 @@ from reagent_lite.io_utils import atomic_write
 from reagent_lite.safe_load import load_state
 from reagent_lite.trainers.common import QLearningTrainer
 from reagent_lite.training.graphs import plain_lr
+from reagent_lite.training.ownership import current_run_id
 
 log = logging.getLogger("reagent_lite")
 
-_NAME = re.compile(r"^epoch_(\d+)\.pt$")
+# epoch_<e>.pt: after epoch e; epoch_<e>_step_<s>.pt: after s steps of epoch e.
+_NAME = re.compile(r"^epoch_(\d+)(?:_step_(\d+))?\.pt$")
+_END = 1 << 62  # sorts an epoch's end after its mid-epoch checkpoints
+
+# Config keys a resumed run may change: they do not change what is computed.
+RESUMABLE_CHANGES = (
+    "epochs",
+    "rendezvous_timeout_s",
+    "collective_timeout_s",
+    "log_every_steps",
+    "checkpoint_every_epochs",
+    "checkpoint_every_steps",
+    "checkpoint_every_minutes",
+    "stop_check_every_steps",
+    "model_output_path",
+    "init_method",
+)
 
 
-def checkpoint_dir(output_dir: Path) -> Path:
-    return output_dir / "checkpoints"
+def checkpoint_dir(output_dir: Path, run_id: str) -> Path:
+    return output_dir / "checkpoints" / run_id
 
 
-def save_checkpoint(output_dir: Path, epoch: int, state: dict[str, Any], keep: int = 3) -> Path:
-    """Writes `checkpoints/epoch_<n>.pt` atomically and prunes all but the newest `keep`."""
-    directory = checkpoint_dir(output_dir)
-    path = directory / f"epoch_{epoch:05d}.pt"
+def save_checkpoint(
+    output_dir: Path,
+    run_id: str,
+    epoch: int,
+    state: dict[str, Any],
+    keep: int = 3,
+    step: int | None = None,
+) -> Path:
+    """Writes `checkpoints/<run_id>/epoch_<n>[_step_<s>].pt` durably and atomically, then
+    prunes all but this run's newest `keep`."""
+    name = f"epoch_{epoch:05d}.pt" if step is None else f"epoch_{epoch:05d}_step_{step:09d}.pt"
+    path = checkpoint_dir(output_dir, run_id) / name
     atomic_write(path, lambda tmp: torch.save(state, tmp))
-    for old in list_checkpoints(output_dir)[:-keep]:
+    for old in list_checkpoints(output_dir, run_id)[:-keep]:
         old.unlink(missing_ok=True)
     return path
 
 
-def list_checkpoints(output_dir: Path) -> list[Path]:
-    directory = checkpoint_dir(output_dir)
+def _order(path: Path) -> tuple[int, int]:
+    m = _NAME.match(path.name)
+    assert m is not None
+    return int(m.group(1)), int(m.group(2)) if m.group(2) else _END
+
+
+def list_checkpoints(output_dir: Path, run_id: str | None = None) -> list[Path]:
+    """The checkpoints of run `run_id` (default: the run recorded in run.json), oldest
+    first."""
+    run_id = run_id or current_run_id(output_dir)
+    if run_id is None:
+        return []
+    directory = checkpoint_dir(output_dir, run_id)
     if not directory.is_dir():
         return []
-    found = [p for p in directory.iterdir() if _NAME.match(p.name)]
-    return sorted(found, key=lambda p: int(_NAME.match(p.name).group(1)))  # type: ignore[union-attr]
+    return sorted((p for p in directory.iterdir() if _NAME.match(p.name)), key=_order)
 
 
-def latest_checkpoint(output_dir: Path) -> Path | None:
-    found = list_checkpoints(output_dir)
+def latest_checkpoint(output_dir: Path, run_id: str | None = None) -> Path | None:
+    found = list_checkpoints(output_dir, run_id)
     return found[-1] if found else None
 
 
@@ -63,6 +98,28 @@ def load_checkpoint(path: Path) -> dict[str, Any]:
     # we write is tensors, numbers, strings and containers (RNG states as byte tensors).
     state: dict[str, Any] = load_state(path)
     return state
+
+
+def config_changes(saved: dict[str, Any], current: dict[str, Any]) -> list[str]:
+    """The dotted keys whose values differ between two resolved configs, except those in
+    `RESUMABLE_CHANGES`."""
+    out: list[str] = []
+    stack: list[tuple[str, Any, Any]] = [("", saved, current)]
+    while stack:
+        prefix, a, b = stack.pop()
+        if isinstance(a, dict) and isinstance(b, dict):
+            for key in sorted(set(a) | set(b)):
+                stack.append((f"{prefix}{key}.", a.get(key), b.get(key)))
+            continue
+        key = prefix[:-1]
+        if a != b and key not in RESUMABLE_CHANGES:
+            out.append(f"{key} ({_short(a)} -> {_short(b)})")
+    return sorted(out)
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def run_state(
@@ -75,8 +132,11 @@ def run_state(
     best: dict[str, Any],
     history: list[dict[str, Any]],
     space: dict[str, Any],
+    run_id: str,
+    config: dict[str, Any],
 ) -> dict[str, Any]:
-    """What `save_checkpoint` writes after `epoch` (`space`: `FeatureSpace.to_json()`)."""
+    """What `save_checkpoint` writes after `epoch` (`space`: `FeatureSpace.to_json()`,
+    `config`: the resolved config as JSON)."""
     # Learning rates as floats even where a CUDA graph reads them from a tensor.
     trainer_state = trainer.state_dict()
     trainer_state["optimizer"] = plain_lr(trainer_state["optimizer"])
@@ -93,6 +153,8 @@ def run_state(
         "best": best,
         "history": history,
         "space": space,
+        "run_id": run_id,
+        "config": config,
     }
 
 
@@ -111,31 +173,61 @@ def restore(
     ctx: DistContext,
     output_dir: Path,
     *,
+    run_id: str,
+    config: dict[str, Any],
     space: dict[str, Any],
     q_net: nn.Module,
     trainer: QLearningTrainer[Any],
     cpe: CpeModelTrainer | None,
-) -> Resumed | None:
-    """Loads the newest checkpoint under `output_dir` into the networks, trainer and CPE
-    models (None: there is none); a file that is not one, or one made for another network
-    or other features, is a `ConfigError`."""
+) -> tuple[Resumed, dict[str, Any]] | None:
+    """Loads run `run_id`'s newest readable checkpoint into the networks, trainer and CPE
+    models and returns it (None: there is none). A newest file that cannot be read is
+    skipped with a warning for the one before; one made for another network, other
+    features or a config that changes the maths (`config_changes`) is a `ConfigError`."""
     # Rank 0 chooses and every rank loads that file: on NFS another node's cached
     # directory listing may not show the newest checkpoint yet, and replicas resumed
     # from different epochs would silently diverge (DDP only syncs at construction).
-    path = ctx.broadcast_object(latest_checkpoint(output_dir) if ctx.is_rank_zero else None)
+    path = ctx.broadcast_object(_newest_readable(output_dir, run_id) if ctx.is_rank_zero else None)
     if path is None:
         return None
     what = f"--resume: checkpoint {path}"
     state = read_state(path, what, "a checkpoint written by a reagent-lite run")
     if not isinstance(state, dict) or "space" not in state or "q_net" not in state:
         raise ConfigError(f"{what} is not a reagent-lite checkpoint")
+    if state.get("run_id", run_id) != run_id:
+        raise ConfigError(f"{what} belongs to run {state.get('run_id')}, not {run_id}")
+    changed = config_changes(state.get("config") or config, config)
+    if changed:
+        raise ConfigError(
+            f"{what}: the config changes what the run computes: {'; '.join(changed)}. "
+            f"Only {', '.join(RESUMABLE_CHANGES)} may change on --resume; start a fresh run "
+            "(without --resume) to train with the new settings"
+        )
     if state["space"] != space:
         raise ConfigError(f"{what} was made for other features/actions than this data")
     fit(q_net, state["q_net"], what)
     trainer.load_state_dict(state["trainer"])
     if cpe is not None and state["cpe"] is not None:
         fit(cpe, state["cpe"], what)
-    return Resumed(path, state["epoch"], state["global_step"], state["best"], state["history"])
+    resumed = Resumed(path, state["epoch"], state["global_step"], state["best"], state["history"])
+    return resumed, state
+
+
+def _newest_readable(output_dir: Path, run_id: str) -> Path | None:
+    """The newest checkpoint of the run that loads; unreadable newer ones are skipped
+    (a write cut short by a full disk or a crash of the storage) with a warning."""
+    found = list_checkpoints(output_dir, run_id)
+    for path in reversed(found):
+        try:
+            load_checkpoint(path)
+        except Exception as err:
+            log.warning("--resume: skipping %s, it cannot be read (%s)", path, _short(str(err)))
+            continue
+        return path
+    if found:
+        # None readable: load the newest again so the error names it.
+        return found[-1]
+    return None
 
 
 def warm_start(q_net: nn.Module, setting: str | None) -> None:

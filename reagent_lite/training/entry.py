@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.util
 import logging
 import os
+from contextlib import nullcontext
 from pathlib import Path
 
 from reagent_lite.cli import WorkflowArgs, configure_logging
@@ -14,6 +15,7 @@ from reagent_lite.distributed.launch import launch
 from reagent_lite.distributed.plan import LaunchPlan, plan_launch
 from reagent_lite.errors import ConfigError, ReagentLiteError
 from reagent_lite.io_utils import ensure_writable_dir
+from reagent_lite.training.ownership import OutputLock
 
 log = logging.getLogger("reagent_lite")
 
@@ -122,13 +124,16 @@ def run_training(
     setup_logging(plan.ranks[0] == 0, cli_logging)
     log.info("%s workflow\n%s", kind, plan.describe())
     preflight(cfg, plan)
-    launch(
-        plan,
-        run_worker,
-        (kind, cfg, bool(args.resume), cli_logging),
-        rendezvous_timeout_s=cfg.rendezvous_timeout_s,
-        collective_timeout_s=cfg.collective_timeout_s,
-    )
+    # One run owns the output directory: the process of global rank 0 holds its lock.
+    owner = OutputLock(Path(cfg.model_output_path)) if plan.ranks[0] == 0 else nullcontext()
+    with owner:
+        launch(
+            plan,
+            run_worker,
+            (kind, cfg, bool(args.resume), cli_logging),
+            rendezvous_timeout_s=cfg.rendezvous_timeout_s,
+            collective_timeout_s=cfg.collective_timeout_s,
+        )
     if plan.ranks[0] != 0:
         return None
     out = Path(cfg.model_output_path)

@@ -34,6 +34,7 @@ from reagent_lite.training import checkpoint as ckpt
 from reagent_lite.training.graphs import ddp_construction
 from reagent_lite.training.host_memory import keep_freed_memory
 from reagent_lite.training.metrics import MetricsWriter
+from reagent_lite.training.ownership import begin_run
 from reagent_lite.training.selection import ModelSelection
 from reagent_lite.training.shard import load_training_shard
 from reagent_lite.training.steps import StepRunner, build_step_runner, plan_steps
@@ -122,6 +123,10 @@ class Workflow:
             how = keep_freed_memory()
             if ctx.is_rank_zero:
                 log.info("host memory: %s", how)
+        # Every rank knows the run (restore checks the checkpoint's); only rank 0 records it.
+        self.run_id = ctx.broadcast_object(
+            begin_run(self.output_dir, resume=self.resume) if ctx.is_rank_zero else None
+        )
         if ctx.is_rank_zero:
             self.metrics = MetricsWriter(
                 self.output_dir,
@@ -295,7 +300,7 @@ class Workflow:
         loss = _float(stats[0]) / (self.steps_per_epoch * ctx.world_size)
         if not math.isfinite(loss):
             # Every rank sees the same reduced loss, so every rank stops here together.
-            last = ckpt.latest_checkpoint(self.output_dir)
+            last = ckpt.latest_checkpoint(self.output_dir, self.run_id)
             raise TrainingError(
                 f"the training loss became {loss} in epoch {epoch + 1}; stopping. "
                 f"Last good checkpoint: {last or 'none yet'}. Lower training.learning_rate, "
@@ -324,7 +329,9 @@ class Workflow:
                 f", eval TD {record['eval_td_loss']:.5f}" if "eval_td_loss" in record else "",
             )
             if cfg.checkpoint_every_epochs and (epoch + 1) % cfg.checkpoint_every_epochs == 0:
-                ckpt.save_checkpoint(self.output_dir, epoch, self._checkpoint_state(epoch))
+                ckpt.save_checkpoint(
+                    self.output_dir, self.run_id, epoch, self._checkpoint_state(epoch)
+                )
 
     def _evaluate(self, epoch: int) -> dict[str, Any]:
         """Eval TD loss and CPE estimates of the current model (rank 0, plain modules)."""
@@ -361,18 +368,22 @@ class Workflow:
             best=self.selection.best,
             history=self.history,
             space=self.space.to_json(),
+            run_id=self.run_id,
+            config=self.cfg.model_dump(mode="json"),
         )
 
     def _restore(self) -> None:
-        resumed = ckpt.restore(
+        found = ckpt.restore(
             self.ctx,
             self.output_dir,
+            run_id=self.run_id,
+            config=self.cfg.model_dump(mode="json"),
             space=self.space.to_json(),
             q_net=self.q_net,
             trainer=self.trainer,
             cpe=self.cpe,
         )
-        if resumed is None:
+        if found is None:
             if self.ctx.is_rank_zero:
                 log.warning(
                     "--resume: no checkpoint under %s; starting from scratch", self.output_dir
@@ -380,6 +391,7 @@ class Workflow:
             if self.metrics is not None:
                 self.metrics.drop_after(-1)
             return
+        resumed, _ = found
         self.selection.best = resumed.best
         self.history = resumed.history
         self.start_epoch = resumed.epoch + 1
@@ -407,6 +419,7 @@ class Workflow:
             selected_epoch=self.selection.epoch,
             history=tuple(self.history),
             world_size=self.ctx.world_size,
+            run_id=self.run_id,
         )
 
     def save(self) -> Path | None:

@@ -39,11 +39,11 @@ def test_resume_drops_metrics_of_the_epochs_it_redoes(tmp_path: Path) -> None:
         training={"layers": [-1, 8, -1], "activations": ["relu", "linear"], "minibatch_size": 64},
         evaluation={"calc_cpe_in_training": False},
     )
-    _run(cfg, resume=False)
+    wf = _run(cfg, resume=False)
     out = tmp_path / "out"
     # As if the job died after epoch 2's metrics but before its checkpoint landed.
     last = list_checkpoints(out)[-1]
-    assert last.name == "epoch_00001.pt"
+    assert last.name == "epoch_00001.pt" and last.parent.name == wf.run_id
     last.unlink()
     before = read_metrics(out / "metrics.jsonl")
     assert any(r["epoch"] == 1 for r in before)

@@ -1,0 +1,152 @@
+"""One run owns its output directory: the lock, run ids, --resume's config check, the
+fallback past an unreadable checkpoint, and model files that appear together."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from reagent_lite import export
+from reagent_lite.config.models import DQNWorkflowConfig
+from reagent_lite.distributed.context import DistContext
+from reagent_lite.errors import ConfigError
+from reagent_lite.training import checkpoint as ckpt
+from reagent_lite.training.loop import Workflow
+from reagent_lite.training.ownership import OutputLock, current_run_id
+from tests.conftest import run_module
+from tests.data.test_ingest import ACTIONS, rows, write
+from tests.workflows.test_end_to_end import make_config
+
+
+def _config(tmp: Path, **extra: Any) -> DQNWorkflowConfig:
+    data = tmp / "t.parquet"
+    if not data.exists():
+        write(data, rows(200), 100)
+    training = {"layers": [-1, 8, -1], "activations": ["relu", "linear"], "minibatch_size": 64}
+    return DQNWorkflowConfig(
+        training_data_path=str(data),
+        model_output_path=str(tmp / "out"),
+        actions=ACTIONS,
+        use_gpu=False,
+        use_all_avail_gpus=False,
+        epochs=extra.pop("epochs", 2),
+        training={**training, **extra.pop("training", {})},
+        evaluation={"calc_cpe_in_training": False},
+        **extra,
+    )
+
+
+def _run(cfg: DQNWorkflowConfig, *, resume: bool = False, save: bool = False) -> Workflow:
+    wf = Workflow("dqn", cfg, DistContext.single("cpu"), resume=resume)
+    try:
+        wf.setup()
+        wf.train()
+        if save:
+            wf.save()
+    finally:
+        wf.cleanup()
+    return wf
+
+
+def _digests(directory: Path) -> dict[str, str]:
+    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in directory.iterdir()}
+
+
+def test_a_second_run_on_a_locked_directory_exits_2_naming_the_holder(tmp_path: Path) -> None:
+    config = make_config(tmp_path, "dqn", epochs=1)
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / ".model.pt2.abc.tmp.pt2").write_text("left by a killed write")
+    with OutputLock(out):
+        assert not (out / ".model.pt2.abc.tmp.pt2").exists(), "temp file not cleaned"
+        second = run_module("workflows.dqn_workflow", "--config", str(config), timeout=120)
+    assert second.returncode == 2, second.stderr[-2000:]
+    assert "is in use by another run" in second.stderr and f"pid {os.getpid()}" in second.stderr
+    assert "Traceback" not in second.stderr
+
+
+def test_a_stale_lock_is_taken_over(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True, check=True, timeout=60)  # fmt: skip
+    lock = OutputLock(tmp_path)
+    lock.path.write_text(json.dumps({"host": lock.host, "pid": int(dead.stdout), "start": "1"}))
+    with caplog.at_level(logging.WARNING, logger="reagent_lite"), OutputLock(tmp_path):
+        assert json.loads(lock.path.read_text())["pid"] == os.getpid()
+    assert "taking over the lock" in caplog.text
+    assert not lock.path.exists(), "released on exit"
+    # Another host's lock whose heartbeat stopped long ago.
+    lock.path.write_text(json.dumps({"host": "elsewhere", "pid": 1}))
+    os.utime(lock.path, (0, 0))
+    with OutputLock(tmp_path):
+        pass
+    # ... and a live one of another host is respected.
+    lock.path.write_text(json.dumps({"host": "elsewhere", "pid": 1}))
+    with pytest.raises(ConfigError, match="host elsewhere pid 1"):
+        OutputLock(tmp_path).acquire()
+
+
+def test_a_fresh_run_never_touches_an_older_runs_checkpoints(tmp_path: Path) -> None:
+    old = _run(_config(tmp_path, epochs=3))
+    old_dir = ckpt.checkpoint_dir(tmp_path / "out", old.run_id)
+    before = _digests(old_dir)
+    new = _run(_config(tmp_path, epochs=1))
+    assert new.run_id != old.run_id and current_run_id(tmp_path / "out") == new.run_id
+    assert _digests(old_dir) == before, "the older run's checkpoints changed"
+    # --resume continues the newest run, not the older one with more epochs.
+    resumed = _run(_config(tmp_path, epochs=2), resume=True)
+    assert resumed.run_id == new.run_id and resumed.start_epoch == 1
+
+
+def test_resume_refuses_a_config_that_changes_the_maths(tmp_path: Path) -> None:
+    _run(_config(tmp_path, epochs=1))
+    changed = _config(tmp_path, epochs=2, training={"learning_rate": 0.01}, rl={"gamma": 0.5})
+    with pytest.raises(ConfigError) as err:
+        _run(changed, resume=True)
+    message = str(err.value)
+    assert (
+        "training.learning_rate (0.001 -> 0.01)" in message and "rl.gamma (0.99 -> 0.5)" in message
+    )
+    # The allow-list may change.
+    wf = _run(
+        _config(tmp_path, epochs=2, log_every_steps=3, checkpoint_every_epochs=2), resume=True
+    )
+    assert wf.start_epoch == 1
+
+
+def test_an_unreadable_newest_checkpoint_falls_back_to_the_one_before(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    _run(_config(tmp_path, epochs=2))
+    newest = ckpt.latest_checkpoint(tmp_path / "out")
+    assert newest is not None and newest.name == "epoch_00001.pt"
+    newest.write_bytes(newest.read_bytes()[:500])
+    with caplog.at_level(logging.WARNING, logger="reagent_lite"):
+        wf = _run(_config(tmp_path, epochs=2), resume=True)
+    assert wf.start_epoch == 1, "did not resume from epoch 0's checkpoint"
+    assert f"skipping {newest}" in caplog.text
+
+
+def test_model_files_of_a_run_appear_together_or_not_at_all(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    wf = _run(_config(tmp_path, epochs=1), save=True)
+    out = tmp_path / "out"
+    meta = json.loads((out / "model_meta.json").read_text())
+    assert meta["run_id"] == wf.run_id
+
+    # The next run dies while writing model.pt2: the old meta must not describe the files.
+    def broken(program: Any, path: str) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(export.torch.export, "save", broken)
+    with pytest.raises(OSError):
+        export.write_outputs(wf.result())
+    assert not (out / "model_meta.json").exists()
