@@ -444,6 +444,29 @@ class BaseWorkflowConfig(_Model):
     checkpoint_every_epochs: int = Field(
         default=1, ge=0, description="Write a checkpoint every this many epochs (0 = never)."
     )
+    checkpoint_every_steps: int = Field(
+        default=0,
+        ge=0,
+        le=2**40,
+        description="Also write a mid-epoch checkpoint every this many optimizer steps "
+        "(0 = never): a killed run loses at most that many steps.",
+    )
+    checkpoint_every_minutes: float = Field(
+        default=0,
+        ge=0,
+        le=525_600,
+        allow_inf_nan=False,
+        description="Also write a mid-epoch checkpoint when this many minutes passed since "
+        "the last one (0 = never); checked every stop_check_every_steps steps.",
+    )
+    stop_check_every_steps: int = Field(
+        default=10,
+        ge=1,
+        le=1_000_000,
+        description="How often (in optimizer steps) the ranks agree whether to stop on "
+        "SIGTERM/SIGINT or to write a clock-based checkpoint: one small all-reduce each "
+        "time (a single process checks every step).",
+    )
     log_every_steps: int = Field(
         default=100, ge=1, description="Log the loss every this many steps."
     )

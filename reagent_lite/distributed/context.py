@@ -67,6 +67,15 @@ class DistContext:
             t.div_(self.world_size)
         return t
 
+    def all_reduce_max(self, values: list[int]) -> list[int]:
+        """The element-wise maximum of small integer flags over all ranks (one all-reduce):
+        a decision every rank takes together, e.g. stopping on a signal one rank received."""
+        if not self.is_distributed:
+            return list(values)
+        flags = torch.tensor(values, dtype=torch.int64, device=self._tensor_device())
+        dist.all_reduce(flags, op=dist.ReduceOp.MAX)
+        return [int(v) for v in flags.tolist()]
+
     def broadcast_object(self, obj: Any, src: int = 0) -> Any:
         """Return rank `src`'s `obj` on every rank (e.g. a stop decision made on rank 0)."""
         if not self.is_distributed:

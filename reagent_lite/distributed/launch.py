@@ -30,7 +30,7 @@ import sys
 import tempfile
 import time
 import traceback
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from datetime import timedelta
 from multiprocessing.connection import wait
 from pathlib import Path
@@ -51,6 +51,8 @@ log = logging.getLogger(__name__)
 WorkerFn = Callable[..., Any]
 # How long siblings of a failed worker get to exit on SIGTERM before SIGKILL.
 _TERMINATE_GRACE_S = 5.0
+# How long siblings of a worker that stopped on a forwarded signal get to stop by themselves.
+_PREEMPT_GRACE_S = 20.0
 
 
 class WorkerError(RuntimeError):
@@ -233,15 +235,18 @@ def _spawn(
             procs.append(p)
         pending = {p.sentinel: p for p in procs}
         failed = False
-        while pending:
-            for sentinel in wait(list(pending)):
-                p = pending.pop(sentinel)  # type: ignore[arg-type]
-                p.join()
-                if p.exitcode != 0 and not failed:
-                    failed = True
-                    _terminate(list(pending.values()))
-            if failed:
-                break
+        with _forward_signals(procs) as forwarded:
+            while pending:
+                for sentinel in wait(list(pending)):
+                    p = pending.pop(sentinel)  # type: ignore[arg-type]
+                    p.join()
+                    if p.exitcode != 0 and not failed:
+                        failed = True
+                        # Preempted: the workers stop together at an agreed step and rank 0
+                        # checkpoints; ending its siblings now could cut that short.
+                        _terminate(list(pending.values()), _PREEMPT_GRACE_S if forwarded else 0)
+                if failed:
+                    break
         if failed:
             raise _child_failure(plan, procs, report_dir)
     finally:
@@ -249,7 +254,33 @@ def _spawn(
         shutil.rmtree(report_dir, ignore_errors=True)
 
 
-def _terminate(procs: list[Any]) -> None:
+@contextlib.contextmanager
+def _forward_signals(procs: list[Any]) -> Iterator[list[int]]:
+    """While the workers run, SIGTERM / SIGINT sent to this launcher go to them (once each:
+    a terminal's Ctrl-C reaches them directly too); yields the signals received."""
+    received: list[int] = []
+
+    def forward(signum: int, frame: Any) -> None:
+        if received:
+            return
+        received.append(signum)
+        for p in procs:
+            if p.is_alive() and p.pid is not None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(p.pid, signum)
+
+    previous = {sig: signal.signal(sig, forward) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield received
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def _terminate(procs: list[Any], wait_first_s: float = 0.0) -> None:
+    end = time.monotonic() + wait_first_s
+    for p in procs:
+        p.join(max(0.0, end - time.monotonic()))
     for p in procs:
         if p.is_alive():
             p.terminate()
@@ -323,7 +354,9 @@ def _rebuild_reagent_error(report: dict[str, Any]) -> ReagentLiteError:
         cls = getattr(importlib.import_module(report["module"]), report["qualname"])
     if isinstance(cls, type) and issubclass(cls, ReagentLiteError):
         with contextlib.suppress(Exception):
-            return cls(report["message"])
+            rebuilt: ReagentLiteError = cls(report["message"])
+            rebuilt.exit_code = int(report["exit_code"])  # e.g. 130 or 143 for a signal
+            return rebuilt
     err = ReagentLiteError(report["message"])
     err.exit_code = int(report["exit_code"])
     return err

@@ -25,7 +25,7 @@ from reagent_lite.io_utils import atomic_write
 from reagent_lite.safe_load import load_state
 from reagent_lite.trainers.common import QLearningTrainer
 from reagent_lite.training.graphs import plain_lr
-from reagent_lite.training.ownership import current_run_id
+from reagent_lite.training.ownership import config_diff, current_run_id
 
 log = logging.getLogger("reagent_lite")
 
@@ -103,23 +103,7 @@ def load_checkpoint(path: Path) -> dict[str, Any]:
 def config_changes(saved: dict[str, Any], current: dict[str, Any]) -> list[str]:
     """The dotted keys whose values differ between two resolved configs, except those in
     `RESUMABLE_CHANGES`."""
-    out: list[str] = []
-    stack: list[tuple[str, Any, Any]] = [("", saved, current)]
-    while stack:
-        prefix, a, b = stack.pop()
-        if isinstance(a, dict) and isinstance(b, dict):
-            for key in sorted(set(a) | set(b)):
-                stack.append((f"{prefix}{key}.", a.get(key), b.get(key)))
-            continue
-        key = prefix[:-1]
-        if a != b and key not in RESUMABLE_CHANGES:
-            out.append(f"{key} ({_short(a)} -> {_short(b)})")
-    return sorted(out)
-
-
-def _short(value: Any) -> str:
-    text = repr(value)
-    return text if len(text) <= 60 else text[:57] + "..."
+    return config_diff(saved, current, RESUMABLE_CHANGES)
 
 
 def run_state(
@@ -221,7 +205,7 @@ def _newest_readable(output_dir: Path, run_id: str) -> Path | None:
         try:
             load_checkpoint(path)
         except Exception as err:
-            log.warning("--resume: skipping %s, it cannot be read (%s)", path, _short(str(err)))
+            log.warning("--resume: skipping %s, it cannot be read (%s)", path, str(err)[:200])
             continue
         return path
     if found:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.util
 import logging
 import os
+from collections.abc import Mapping
 from contextlib import nullcontext
 from pathlib import Path
 
@@ -130,7 +131,7 @@ def run_training(
         launch(
             plan,
             run_worker,
-            (kind, cfg, bool(args.resume), cli_logging),
+            (kind, cfg, bool(args.resume) or restarted_by_torchrun(os.environ), cli_logging),
             rendezvous_timeout_s=cfg.rendezvous_timeout_s,
             collective_timeout_s=cfg.collective_timeout_s,
         )
@@ -147,17 +148,28 @@ def run_training(
     return out
 
 
+def restarted_by_torchrun(env: Mapping[str, str]) -> bool:
+    """torchrun --max-restarts started this worker again after a failure: it continues
+    from the newest checkpoint, as --resume would."""
+    try:
+        return int(env.get("TORCHELASTIC_RESTART_COUNT", "0") or 0) > 0
+    except ValueError:
+        return False
+
+
 def run_worker(
     ctx: DistContext, kind: str, cfg: WorkflowConfig, resume: bool, cli_logging: bool = False
 ) -> None:
     """What every rank runs once its process group is up."""
     from reagent_lite.training.loop import Workflow
+    from reagent_lite.training.preemption import StopSignals
 
     setup_logging(ctx.is_rank_zero, cli_logging)
-    workflow = Workflow(kind, cfg, ctx, resume=resume)
-    try:
-        workflow.setup()
-        workflow.train()
-        workflow.save()
-    finally:
-        workflow.cleanup()
+    with StopSignals() as stop:
+        workflow = Workflow(kind, cfg, ctx, resume=resume, stop=stop)
+        try:
+            workflow.setup()
+            workflow.train()
+            workflow.save()
+        finally:
+            workflow.cleanup()

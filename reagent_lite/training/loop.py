@@ -23,7 +23,7 @@ from reagent_lite.config import WorkflowConfig
 from reagent_lite.data.disk_stream import DiskShardStream
 from reagent_lite.data.tensordict import TensorDict
 from reagent_lite.distributed.context import DistContext
-from reagent_lite.errors import TrainingError
+from reagent_lite.errors import ConfigError, TrainingError
 from reagent_lite.evaluation.cpe_models import CpeModelTrainer, CpeNets, EvaluatedPolicy
 from reagent_lite.evaluation.evaluator import evaluate_cpe
 from reagent_lite.export import RunResult, write_outputs
@@ -34,7 +34,8 @@ from reagent_lite.training import checkpoint as ckpt
 from reagent_lite.training.graphs import ddp_construction
 from reagent_lite.training.host_memory import keep_freed_memory
 from reagent_lite.training.metrics import MetricsWriter
-from reagent_lite.training.ownership import begin_run
+from reagent_lite.training.ownership import begin_run, check_same_job
+from reagent_lite.training.preemption import Cadence, Preempted, StopSignals, signal_name
 from reagent_lite.training.selection import ModelSelection
 from reagent_lite.training.shard import load_training_shard
 from reagent_lite.training.steps import StepRunner, build_step_runner, plan_steps
@@ -57,7 +58,13 @@ class Workflow:
     ingest_timings: dict[str, float]
 
     def __init__(
-        self, kind: str | Kind[Any], cfg: WorkflowConfig, ctx: DistContext, *, resume: bool = False
+        self,
+        kind: str | Kind[Any],
+        cfg: WorkflowConfig,
+        ctx: DistContext,
+        *,
+        resume: bool = False,
+        stop: StopSignals | None = None,
     ):
         self.kind: Kind[Any] = get_kind(kind) if isinstance(kind, str) else kind
         self.cfg = cfg
@@ -78,10 +85,16 @@ class Workflow:
         self.emulated_shards: list[int] | None = None
         # stream_from_disk: the shard's reader; `train_data` is then only a normalized sample.
         self.disk: DiskShardStream | None = None
+        # Preemption: the signals this rank received, when to checkpoint mid-epoch, and
+        # where a run resumed from a mid-epoch checkpoint continues.
+        self.stop = stop or StopSignals()
+        self.cadence = Cadence(cfg.checkpoint_every_steps, cfg.checkpoint_every_minutes)
+        self._position: dict[str, Any] | None = None
 
     # ------------------------------------------------------------------ setup
     def setup(self) -> None:
         cfg, ctx = self.cfg, self.ctx
+        check_same_job(ctx, cfg.model_dump(mode="json"), self.resume)
         torch.manual_seed(cfg.seed)
         self.load_training_data()
         if cfg.device_resident_data:
@@ -208,6 +221,7 @@ class Workflow:
     def train(self) -> None:
         cfg, ctx = self.cfg, self.ctx
         runner = self.step_runner()
+        self.stop.deferring = True  # from here a signal stops at a step, with a checkpoint
         for epoch in range(self.start_epoch, cfg.epochs):
             # Dropout and other randomness: a pure function of (seed, epoch, rank), so a
             # resumed run draws exactly what an uninterrupted one would.
@@ -215,9 +229,11 @@ class Workflow:
             self.q_net_ddp.train()
             # Sets the epoch's batch stream (and, the first time on CUDA, captures the step).
             runner.begin_epoch(epoch)
+            first = self._continue_epoch(runner) if self._position is not None else 0
             if epoch == self.start_epoch and ctx.is_rank_zero:
                 log.info("%s", runner.describe())
             bar = tqdm(
+                initial=first,
                 total=self.steps_per_epoch,
                 desc=f"epoch {epoch + 1}/{cfg.epochs}",
                 # `\r` frames only on a terminal; in a file (Slurm, CI) the log lines below.
@@ -236,7 +252,7 @@ class Workflow:
             start = time.perf_counter()
             # The hot path: no host sync per step (the bar is host-only; logging every
             # `log_every_steps` reads the loss, which is the one sync).
-            for step in range(self.steps_per_epoch):
+            for step in range(first, self.steps_per_epoch):
                 runner.step()
                 self.global_step += 1
                 if self.verify_every and self.global_step % self.verify_every == 0:
@@ -255,6 +271,7 @@ class Workflow:
                         )
                     else:
                         bar.set_postfix(loss=f"{loss:.4g}", refresh=False)
+                self._poll(epoch, step + 1, runner)
             bar.close()
             self._sync()
             elapsed = time.perf_counter() - start
@@ -372,6 +389,58 @@ class Workflow:
             config=self.cfg.model_dump(mode="json"),
         )
 
+    def _poll(self, epoch: int, done: int, runner: StepRunner) -> None:
+        """After step `done` of `epoch`: a mid-epoch checkpoint when one is due, and a stop
+        (`Preempted`) when any rank received SIGTERM/SIGINT — decided by all ranks together
+        (preemption.py)."""
+        due = self.cadence.steps_due(self.global_step)
+        signum = 0
+        if self.ctx.world_size == 1 or done % self.cfg.stop_check_every_steps == 0:
+            clock = self.ctx.is_rank_zero and self.cadence.clock_due()
+            signum, clock_due = self.ctx.all_reduce_max([self.stop.signum, int(clock)])
+            due = due or bool(clock_due)
+        if not (due or signum):
+            return
+        path = self._save_position(epoch, done, runner)
+        if signum:
+            where = f"after step {done} of epoch {epoch + 1} (global step {self.global_step})"
+            saved = f"checkpoint {path}" if path else "rank 0 wrote the checkpoint"
+            raise Preempted(
+                f"stopped by {signal_name(signum)} {where}; {saved}; run the same command "
+                "with --resume to continue from there",
+                signum,
+            )
+
+    def _save_position(self, epoch: int, done: int, runner: StepRunner) -> Path | None:
+        """A checkpoint after `done` steps of `epoch`: the run's state plus each rank's RNG
+        state and partial loss sum (the batch stream is a function of the step)."""
+        mine: dict[str, Any] = {"rng": torch.get_rng_state(), "loss_sum": _float(runner.loss_sum)}
+        if self.device.type == "cuda":
+            mine["cuda_rng"] = torch.cuda.get_rng_state(self.device)
+        ranks = self.ctx.all_gather_object(mine)
+        if not self.ctx.is_rank_zero:
+            return None
+        state = self._checkpoint_state(epoch)
+        state["position"] = {"steps_done": done, "world_size": self.ctx.world_size, "ranks": ranks}
+        path = ckpt.save_checkpoint(self.output_dir, self.run_id, epoch, state, step=done)
+        self.cadence.written()
+        log.info("mid-epoch checkpoint %s", path)
+        return path
+
+    def _continue_epoch(self, runner: StepRunner) -> int:
+        """Where a run resumed mid-epoch continues: the batch stream, RNG and loss sum of
+        this rank as they were after the checkpoint's step; returns that step."""
+        assert self._position is not None
+        position, self._position = self._position, None
+        done = int(position["steps_done"])
+        runner.skip(done)
+        mine = position["ranks"][self.ctx.rank]
+        torch.set_rng_state(mine["rng"])
+        if self.device.type == "cuda" and "cuda_rng" in mine:
+            torch.cuda.set_rng_state(mine["cuda_rng"], self.device)
+        runner.loss_sum.fill_(mine["loss_sum"])
+        return done
+
     def _restore(self) -> None:
         found = ckpt.restore(
             self.ctx,
@@ -391,15 +460,25 @@ class Workflow:
             if self.metrics is not None:
                 self.metrics.drop_after(-1)
             return
-        resumed, _ = found
+        resumed, state = found
         self.selection.best = resumed.best
         self.history = resumed.history
         self.start_epoch = resumed.epoch + 1
         self.global_step = resumed.global_step
+        position = state.get("position")
+        if position is not None:  # mid-epoch: the same epoch goes on after its last step
+            if position["world_size"] != self.ctx.world_size:
+                raise ConfigError(
+                    f"--resume: checkpoint {resumed.path} was written mid-epoch by "
+                    f"{position['world_size']} ranks; this run has {self.ctx.world_size} "
+                    "(each rank's batch stream depends on it): resume with the same layout"
+                )
+            self._position = position
+            self.start_epoch = resumed.epoch
         if self.metrics is not None:
-            # Records of the epochs being redone (a crash mid-epoch, or after the last
+            # Records of the steps being redone (a crash mid-epoch, or after the last
             # checkpoint) would otherwise appear twice in metrics.jsonl and the report.
-            self.metrics.drop_after(resumed.epoch)
+            self.metrics.drop_after(resumed.epoch, steps=resumed.global_step)
         if self.ctx.is_rank_zero:
             log.info("resumed from %s at epoch %d", resumed.path, self.start_epoch + 1)
 

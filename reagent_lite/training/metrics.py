@@ -71,12 +71,18 @@ class MetricsWriter:
         if self.tracker is not None:
             self.tracker.log_outputs(self.output_dir)
 
-    def drop_after(self, epoch: int) -> None:
-        """Forgets records of epochs after `epoch` (written before a crash, not in the
-        checkpoint a resumed run continues from): they are about to be written again."""
+    def drop_after(self, epoch: int, steps: int | None = None) -> None:
+        """Forgets records of epochs after `epoch` and, given `steps`, of steps after it
+        (written before a crash, not in the checkpoint a resumed run continues from): they
+        are about to be written again."""
         if not self.path.is_file():
             return
-        keep = [r for r in read_metrics(self.path) if int(r.get("epoch", -1)) <= epoch]
+        keep = [
+            r
+            for r in read_metrics(self.path)
+            if int(r.get("epoch", -1)) <= epoch
+            and (steps is None or int(r.get("steps", 0)) <= steps)
+        ]
         atomic_write_text(self.path, "".join(json.dumps(r, sort_keys=True) + "\n" for r in keep))
 
     def close(self) -> None:

@@ -24,8 +24,10 @@ import time
 import uuid
 from pathlib import Path
 from types import TracebackType
+from typing import Any
 
 from reagent_lite.distributed.claims import pid_alive, read_json
+from reagent_lite.distributed.context import DistContext
 from reagent_lite.errors import ConfigError
 from reagent_lite.io_utils import atomic_write_json, remove_temp_files
 
@@ -171,3 +173,49 @@ def begin_run(output_dir: Path, *, resume: bool) -> str:
     run_id = uuid.uuid4().hex[:12]
     atomic_write_json(output_dir / RUN_FILE, {"run_id": run_id, "started": time.time()})
     return run_id
+
+
+def config_diff(a: Any, b: Any, allowed: tuple[str, ...] = ()) -> list[str]:
+    """`key (a value -> b value)` for every dotted key whose values differ between two
+    JSON configs, except the keys in `allowed`; values cut short."""
+    out: list[str] = []
+    stack: list[tuple[str, Any, Any]] = [("", a, b)]
+    while stack:
+        prefix, x, y = stack.pop()
+        if isinstance(x, dict) and isinstance(y, dict):
+            stack.extend((f"{prefix}{k}.", x.get(k), y.get(k)) for k in set(x) | set(y))
+            continue
+        key = prefix[:-1]
+        if x != y and key not in allowed:
+            out.append(f"{key} ({_short(x)} -> {_short(y)})")
+    return sorted(out)
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def check_same_job(ctx: DistContext, config: dict[str, Any], resume: bool) -> None:
+    """`ConfigError` on every rank when the ranks were not started alike: another config
+    (naming the differing keys) or `--resume` on some nodes only. Nodes read their own
+    copy of the config; a mismatch would otherwise surface as a DDP shape error or a
+    collective timeout."""
+    views = ctx.all_gather_object({"resume": resume, "config": config})
+    base = views[0]
+    problems = []
+    for rank, view in enumerate(views[1:], start=1):
+        if view["resume"] != base["resume"]:
+            problems.append(
+                f"rank {rank} was started {'with' if view['resume'] else 'without'} --resume, "
+                f"rank 0 {'with' if base['resume'] else 'without'}"
+            )
+        diff = config_diff(base["config"], view["config"])
+        if diff:
+            problems.append(f"rank {rank}'s config differs from rank 0's: {'; '.join(diff[:10])}")
+    if problems:
+        raise ConfigError(
+            "the nodes of this job were not started alike: "
+            + " | ".join(problems[:4])
+            + " (start every node with the same config and flags)"
+        )

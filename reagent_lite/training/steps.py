@@ -95,6 +95,17 @@ class StepRunner:
         else:
             self.update(self.source.batches())
 
+    def skip(self, steps: int) -> None:
+        """Moves the epoch's batch stream past its first `steps` steps without training
+        them (a run resumed from a mid-epoch checkpoint), after `begin_epoch`."""
+        for _ in range(steps):
+            if self.graph is not None:
+                self.source.stage()
+                assert self.source.static_rows is not None
+                self.source.static_rows.pos.add_(1)  # what the replay would have advanced
+            else:
+                self.source.batches()
+
     def close(self) -> None:
         """Ends the epoch's chunk stream, if any (joins its worker thread); idempotent."""
         self.source.close()
