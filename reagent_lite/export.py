@@ -23,7 +23,13 @@ from torch import nn
 from reagent_lite import __version__
 from reagent_lite.config import WorkflowConfig
 from reagent_lite.evaluation.cpe_models import EvaluatedPolicy
-from reagent_lite.io_utils import atomic_write, atomic_write_json, file_sha256, fsync_path
+from reagent_lite.io_utils import (
+    atomic_write_bytes,
+    atomic_write_json,
+    file_sha256,
+    fsync_path,
+    serialized,
+)
 from reagent_lite.kinds import FeatureSpace, Kind
 from reagent_lite.normalization.module import Preprocessor
 from reagent_lite.normalization.params import NormalizationParameters, save_normalization
@@ -84,11 +90,10 @@ def write_outputs(run: RunResult) -> tuple[Path, dict[str, Any] | None]:
     atomic_write_json(out / "config.json", resolved)
     for name, params in run.norm.items():
         save_normalization(out / _norm_file(name), dict(params))
-    atomic_write(
-        out / "model_state.pt", lambda tmp: torch.save({"q_net": run.q_net.state_dict()}, tmp)
-    )
+    state = {"q_net": run.q_net.state_dict()}
+    atomic_write_bytes(out / "model_state.pt", serialized(lambda buf: torch.save(state, buf)))
     model_path = out / "model.pt2"
-    atomic_write(model_path, lambda tmp: torch.export.save(program, str(tmp)))
+    atomic_write_bytes(model_path, serialized(lambda buf: torch.export.save(program, buf)))
 
     final = dict(run.history[-1]) if run.history else {}
     online = _online_check(run, model_path)

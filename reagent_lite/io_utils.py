@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import errno
 import hashlib
+import io
 import json
 import os
 import tempfile
@@ -29,12 +31,18 @@ def atomic_write(path: Path, write: Callable[[Path], None]) -> None:
     os.close(fd)
     tmp = Path(tmp_name)
     try:
-        write(tmp)
+        try:
+            write(tmp)
+        except OSError as err:  # named after the file meant, not its temp file
+            raise OSError(err.errno, err.strerror or str(err), str(path)) from err
         # mkstemp makes 0600 files; outputs on a shared filesystem should honour the umask.
         os.chmod(tmp, default_file_mode())
-        fsync_path(tmp)
-        os.replace(tmp, path)
-        fsync_path(path.parent)
+        try:
+            fsync_path(tmp)
+            os.replace(tmp, path)
+            fsync_path(path.parent)
+        except OSError as err:
+            raise OSError(err.errno, err.strerror or str(err), str(path)) from err
     finally:
         tmp.unlink(missing_ok=True)
 
@@ -73,6 +81,27 @@ def default_file_mode() -> int:
     umask = os.umask(0)
     os.umask(umask)
     return 0o666 & ~umask
+
+
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    def write(tmp: Path) -> None:
+        tmp.write_bytes(data)
+
+    atomic_write(path, write)
+
+
+def serialized(save: Callable[[io.BytesIO], None]) -> bytes:
+    """What `save(buffer)` writes, in memory: torch's file writers report a full disk as
+    "unexpected pos" RuntimeErrors; written by us, it is an OSError naming the errno."""
+    buffer = io.BytesIO()
+    save(buffer)
+    return buffer.getvalue()
+
+
+def describe_os_error(err: OSError) -> str:
+    """`'<file>': <reason> (<ERRNO NAME>)`, for one-line messages."""
+    name = errno.errorcode.get(err.errno or 0, str(err.errno))
+    return f"'{err.filename or '?'}': {err.strerror or err} ({name})"
 
 
 def atomic_write_text(path: Path, text: str) -> None:

@@ -21,7 +21,7 @@ from torch import nn
 from reagent_lite.distributed.context import DistContext
 from reagent_lite.errors import ConfigError
 from reagent_lite.evaluation.cpe_models import CpeModelTrainer
-from reagent_lite.io_utils import atomic_write
+from reagent_lite.io_utils import atomic_write_bytes, serialized
 from reagent_lite.safe_load import load_state
 from reagent_lite.trainers.common import QLearningTrainer
 from reagent_lite.training.graphs import plain_lr
@@ -64,7 +64,8 @@ def save_checkpoint(
     prunes all but this run's newest `keep`."""
     name = f"epoch_{epoch:05d}.pt" if step is None else f"epoch_{epoch:05d}_step_{step:09d}.pt"
     path = checkpoint_dir(output_dir, run_id) / name
-    atomic_write(path, lambda tmp: torch.save(state, tmp))
+    atomic_write_bytes(path, serialized(lambda buf: torch.save(state, buf)))
+    # Older ones go only now: the new one is on disk (atomic_write fsyncs it).
     for old in list_checkpoints(output_dir, run_id)[:-keep]:
         old.unlink(missing_ok=True)
     return path

@@ -12,6 +12,8 @@ import logging
 import math
 import sys
 import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +29,7 @@ from reagent_lite.errors import ConfigError, TrainingError
 from reagent_lite.evaluation.cpe_models import CpeModelTrainer, CpeNets, EvaluatedPolicy
 from reagent_lite.evaluation.evaluator import evaluate_cpe
 from reagent_lite.export import RunResult, write_outputs
+from reagent_lite.io_utils import describe_os_error
 from reagent_lite.kinds import EVAL_ONLY_FIELDS, FeatureSpace, Kind, get_kind
 from reagent_lite.normalization.module import Preprocessor
 from reagent_lite.normalization.params import NormalizationParameters
@@ -47,6 +50,24 @@ log = logging.getLogger("reagent_lite")
 
 def _float(t: Tensor | float) -> float:
     return float(t.item()) if isinstance(t, Tensor) else float(t)
+
+
+@contextmanager
+def output_errors(output_dir: Path, last_good: Callable[[], Path | None]) -> Iterator[None]:
+    """A write under `output_dir` that fails (a full disk, a filesystem turned read-only)
+    becomes one `TrainingError` naming the file and the errno; what was written before —
+    checkpoints, the previous model.pt2 — is untouched (atomic writes)."""
+    try:
+        yield
+    except OSError as err:
+        name = err.filename
+        if not name or not Path(str(name)).absolute().is_relative_to(output_dir.absolute()):
+            raise
+        raise TrainingError(
+            f"cannot write {describe_os_error(err)}; stopping. Last good checkpoint: "
+            f"{last_good() or 'none yet'} (earlier model files are untouched; model_meta.json "
+            "marks a complete model). Free space or fix the filesystem, then --resume"
+        ) from err
 
 
 class Workflow:
@@ -219,6 +240,13 @@ class Workflow:
         return self._runner
 
     def train(self) -> None:
+        with self._output_errors():
+            self._train()
+
+    def _output_errors(self) -> Any:
+        return output_errors(self.output_dir, lambda: ckpt.latest_checkpoint(self.output_dir))
+
+    def _train(self) -> None:
         cfg, ctx = self.cfg, self.ctx
         runner = self.step_runner()
         self.stop.deferring = True  # from here a signal stops at a step, with a checkpoint
@@ -504,13 +532,14 @@ class Workflow:
     def save(self) -> Path | None:
         if not self.ctx.is_rank_zero:
             return None
-        model_path, online = write_outputs(self.result())
-        if online is not None and self.metrics is not None:
-            self.metrics.write(
-                {"epoch": self.selection.epoch, "steps": self.global_step, "online": online}
-            )
-        if self.metrics is not None:
-            self.metrics.outputs_written()
+        with self._output_errors():
+            model_path, online = write_outputs(self.result())
+            if online is not None and self.metrics is not None:
+                self.metrics.write(
+                    {"epoch": self.selection.epoch, "steps": self.global_step, "online": online}
+                )
+            if self.metrics is not None:
+                self.metrics.outputs_written()
         return model_path
 
     def cleanup(self) -> None:

@@ -56,8 +56,11 @@ class MetricsWriter:
                 ) from None
 
     def write(self, record: dict[str, Any]) -> None:
-        with self.path.open("a") as f:
-            f.write(json.dumps(_clean(record), sort_keys=True) + "\n")
+        try:
+            with self.path.open("a") as f:
+                f.write(json.dumps(_clean(record), sort_keys=True) + "\n")
+        except OSError as err:  # named, for the loop's one-line error
+            raise OSError(err.errno, err.strerror or str(err), str(self.path)) from err
         if self._tb is not None:
             step = int(record.get("steps", 0))
             for key, value in _flatten(record):

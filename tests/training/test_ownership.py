@@ -17,7 +17,7 @@ import pytest
 from reagent_lite import export
 from reagent_lite.config.models import DQNWorkflowConfig
 from reagent_lite.distributed.context import DistContext
-from reagent_lite.errors import ConfigError
+from reagent_lite.errors import ConfigError, TrainingError
 from reagent_lite.training import checkpoint as ckpt
 from reagent_lite.training.loop import Workflow
 from reagent_lite.training.ownership import OutputLock, current_run_id
@@ -57,7 +57,11 @@ def _run(cfg: DQNWorkflowConfig, *, resume: bool = False, save: bool = False) ->
 
 
 def _digests(directory: Path) -> dict[str, str]:
-    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in directory.iterdir()}
+    return {
+        p.name: hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in directory.iterdir()
+        if p.is_file()
+    }
 
 
 def test_a_second_run_on_a_locked_directory_exits_2_naming_the_holder(tmp_path: Path) -> None:
@@ -150,3 +154,31 @@ def test_model_files_of_a_run_appear_together_or_not_at_all(
     with pytest.raises(OSError):
         export.write_outputs(wf.result())
     assert not (out / "model_meta.json").exists()
+
+
+def test_a_full_disk_mid_run_is_one_error_and_keeps_the_last_checkpoint_and_model(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _run(_config(tmp_path, epochs=1), save=True)
+    out = tmp_path / "out"
+    good = ckpt.latest_checkpoint(out)
+    assert good is not None
+    before = _digests(out) | _digests(good.parent)
+    real_fsync = os.fsync
+
+    def full(fd: int) -> None:  # NFS reports a full disk at fsync; so do we, here
+        if os.readlink(f"/proc/self/fd/{fd}").endswith(".tmp.pt"):
+            raise OSError(28, "No space left on device")
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", full)
+    with pytest.raises(TrainingError) as err:
+        _run(_config(tmp_path, epochs=2), resume=True)
+    message = str(err.value)
+    assert "epoch_00001.pt'" in message and "ENOSPC" in message and str(good) in message
+    assert "\n" not in message
+    monkeypatch.setattr(os, "fsync", real_fsync)
+    after = _digests(out) | _digests(good.parent)
+    for name in ("model.pt2", "model_meta.json", "model_state.pt", good.name):
+        assert after[name] == before[name], name
+    assert not [p for p in good.parent.iterdir() if ".tmp" in p.name], "temp file left"
