@@ -147,6 +147,10 @@ def read_config_file(path: str | os.PathLike[str]) -> Any:
         ) from None
     except ValueError as exc:
         raise ConfigError(f"{source}: not valid JSON: {exc}") from None
+    except RecursionError:
+        raise ConfigError(
+            f"{source}: not valid JSON for a config: nested deeper than Python's parser allows"
+        ) from None
     return data
 
 

@@ -71,8 +71,19 @@ OptimizerName = Annotated[
 ]
 
 
+# Upper bounds that no real run reaches and that keep arithmetic and allocations sane
+# (a layer of 1e10 units, a batch of 2^40 rows or a 1e300 s timeout fail here, not mid-run).
+MAX_WIDTH = 1 << 20
+MAX_ROWS_PER_BATCH = 1 << 24
+MAX_COUNT = 1 << 40
+MAX_TIMEOUT_S = 30 * 24 * 3600.0
+MAX_PATH = 4096  # Linux's PATH_MAX
+
+
 class _Model(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid", strict=True)
+    # No NaN or infinity anywhere: `1e400` parses as inf, and an infinite timeout waits
+    # forever.
+    model_config = ConfigDict(frozen=True, extra="forbid", strict=True, allow_inf_nan=False)
 
 
 class RLParameters(_Model):
@@ -139,7 +150,7 @@ class RainbowParameters(_Model):
 class TrainingParameters(_Model):
     """Network shape and optimizer (Horizon's `training` block)."""
 
-    layers: list[Annotated[int, Field(ge=-1)]] = Field(
+    layers: list[Annotated[int, Field(ge=-1, le=MAX_WIDTH)]] = Field(
         default=[-1, 256, 256, -1],
         min_length=2,
         description="Layer sizes, input first. A -1 at the first/last position is a "
@@ -153,7 +164,10 @@ class TrainingParameters(_Model):
         + " (case-insensitive; linear = identity).",
     )
     minibatch_size: int = Field(
-        default=1024, ge=1, description="Minibatch size per process (not multiplied by GPU count)."
+        default=1024,
+        ge=1,
+        le=MAX_ROWS_PER_BATCH,
+        description="Minibatch size per process (not multiplied by GPU count).",
     )
     learning_rate: float = Field(default=1e-3, gt=0.0, description="Optimizer learning rate (> 0).")
     optimizer: OptimizerName = Field(
@@ -179,13 +193,17 @@ class TrainingParameters(_Model):
     )
     layer_norm: bool = Field(default=False, description="LayerNorm after each hidden linear layer.")
     warm_start_model_path: str | None = Field(
+        max_length=MAX_PATH,
         default=None,
         min_length=1,
         description="Checkpoint to initialise the Q-network from (relative to the working "
         "directory).",
     )
     minibatches_per_step: int = Field(
-        default=1, ge=1, description="Gradient-accumulation minibatches per optimizer step."
+        default=1,
+        ge=1,
+        le=65_536,
+        description="Gradient-accumulation minibatches per optimizer step.",
     )
     cql_alpha: float = Field(
         default=0.0, ge=0.0, description="Conservative Q-learning regulariser weight (0 = off)."
@@ -193,6 +211,7 @@ class TrainingParameters(_Model):
     steps_per_epoch: int | None = Field(
         default=None,
         ge=1,
+        le=MAX_COUNT,
         description="Optimizer steps per epoch, identical on every rank (null = one pass "
         "over the largest shard).",
     )
@@ -258,11 +277,15 @@ class EvaluationParameters(_Model):
         description="Run counterfactual policy evaluation on eval data after each epoch.",
     )
     bootstrap_samples: int = Field(
-        default=200, ge=0, description="Bootstrap resamples for CPE standard errors (0 = none)."
+        default=200,
+        ge=0,
+        le=100_000,
+        description="Bootstrap resamples for CPE standard errors (0 = none).",
     )
     online_episodes: int = Field(
         default=0,
         ge=0,
+        le=1_000_000,
         description="If > 0, roll the exported model out for this many episodes in the "
         "environment of `sample_data` (requires a sample_data block).",
     )
@@ -289,7 +312,9 @@ class SampleDataParameters(_Model):
         "environment whose actions are feature vectors (parametric_dqn only).",
     )
     env: str = Field(default="CartPole-v1", description="gymnasium environment id (kind = gym).")
-    episodes: int = Field(default=200, ge=1, description="Number of episodes to log.")
+    episodes: int = Field(
+        default=200, ge=1, le=100_000_000, description="Number of episodes to log."
+    )
     policy: Literal["random", "epsilon_greedy"] = Field(
         default="random", description="Logging policy: uniform random or ε-greedy."
     )
@@ -309,6 +334,7 @@ class NormParams(_Model):
     """Horizon's `norm_params` block: only `num_samples` has an effect here."""
 
     output_dir: str | None = Field(
+        max_length=MAX_PATH,
         default=None,
         description="Horizon compatibility only (ignored): normalization is written into "
         "model_output_path.",
@@ -397,22 +423,26 @@ class BaseWorkflowConfig(_Model):
     """What both workflows share."""
 
     training_data_path: str = Field(
+        max_length=MAX_PATH,
         min_length=1,
         description="Training table: a Parquet/JSONL file or a directory of part files "
         "(relative paths resolve against the current working directory).",
     )
     eval_data_path: str | None = Field(
+        max_length=MAX_PATH,
         default=None,
         min_length=1,
         description="Evaluation table for CPE (null = no counterfactual evaluation).",
     )
     state_norm_data_path: str | None = Field(
+        max_length=MAX_PATH,
         default=None,
         min_length=1,
         description="State normalization JSON; null = fit it from the data and write it into "
         "model_output_path.",
     )
     model_output_path: str = Field(
+        max_length=MAX_PATH,
         min_length=1,
         description="Output directory (model.pt2, model_meta.json, metrics, checkpoints).",
     )
@@ -423,9 +453,13 @@ class BaseWorkflowConfig(_Model):
         default=True, description="Start one process per visible GPU on each node (DDP)."
     )
     num_nodes: int = Field(
-        default=1, ge=1, description="Number of machines; each is started with --node_index=n."
+        default=1,
+        ge=1,
+        le=65_536,
+        description="Number of machines; each is started with --node_index=n.",
     )
     init_method: str | None = Field(
+        max_length=MAX_PATH,
         default=None,
         description="file:///absolute/path of the rendezvous file on a filesystem all nodes "
         "share. Required when num_nodes > 1. When null and one node runs several processes "
@@ -433,13 +467,26 @@ class BaseWorkflowConfig(_Model):
         "'.rendezvous' inside model_output_path.",
         json_schema_extra={"pattern": "^file:///"},
     )
-    epochs: int = Field(default=10, ge=1, description="Passes over the data (see steps_per_epoch).")
-    seed: int = Field(default=0, description="Seed for initialisation, shuffling and sampling.")
+    epochs: int = Field(
+        default=10, ge=1, le=MAX_COUNT, description="Passes over the data (see steps_per_epoch)."
+    )
+    seed: int = Field(
+        default=0,
+        ge=0,
+        le=2**32 - 1,
+        description="Seed for initialisation, shuffling and sampling (0 ≤ seed < 2^32).",
+    )
     rendezvous_timeout_s: float = Field(
-        default=600, gt=0, description="Seconds a node waits for the other nodes to arrive."
+        default=600,
+        gt=0,
+        le=MAX_TIMEOUT_S,
+        description="Seconds a node waits for the other nodes to arrive.",
     )
     collective_timeout_s: float = Field(
-        default=1800, gt=0, description="Seconds a rank waits on a dead peer mid-training."
+        default=1800,
+        gt=0,
+        le=MAX_TIMEOUT_S,
+        description="Seconds a rank waits on a dead peer mid-training.",
     )
     checkpoint_every_epochs: int = Field(
         default=1, ge=0, description="Write a checkpoint every this many epochs (0 = never)."
@@ -486,6 +533,7 @@ class BaseWorkflowConfig(_Model):
     stream_window_rows: int = Field(
         default=1_000_000,
         ge=1,
+        le=MAX_COUNT,
         description="With stream_from_disk: rows per window (whole row groups are packed up "
         "to this; a larger row group is a window alone). Host memory is at most about three "
         "windows of training tensors; larger windows shuffle more globally.",
@@ -515,7 +563,10 @@ class BaseWorkflowConfig(_Model):
         "(single node only).",
     )
     normalization_sample_size: int = Field(
-        default=100000, ge=1, description="Rows sampled to identify and fit feature normalization."
+        default=100000,
+        ge=1,
+        le=MAX_COUNT,
+        description="Rows sampled to identify and fit feature normalization.",
     )
     drop_bad_rows: bool = Field(
         default=False, description="Drop (and count) invalid data rows instead of failing."
@@ -640,8 +691,10 @@ class DQNWorkflowConfig(BaseWorkflowConfig):
         default="dqn",
         description="Which workflow this config is for (lets tools tell configs apart).",
     )
-    actions: list[str] = Field(
-        min_length=1, description="Action names, as logged in the data's `action` column."
+    actions: list[Annotated[str, Field(max_length=1024)]] = Field(
+        min_length=1,
+        max_length=65_536,
+        description="Action names, as logged in the data's `action` column.",
     )
 
     @field_validator("actions")
@@ -691,6 +744,7 @@ class ParametricDQNWorkflowConfig(BaseWorkflowConfig):
         description="Which workflow this config is for (lets tools tell configs apart).",
     )
     action_norm_data_path: str | None = Field(
+        max_length=MAX_PATH,
         default=None,
         min_length=1,
         description="Action-feature normalization JSON; null = fit it from the data and "
@@ -699,6 +753,7 @@ class ParametricDQNWorkflowConfig(BaseWorkflowConfig):
     max_candidates: int | None = Field(
         default=None,
         ge=1,
+        le=65_536,
         description="Pad possible actions to this many candidates (null = the maximum in "
         "the data).",
     )

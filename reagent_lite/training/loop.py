@@ -34,6 +34,7 @@ from reagent_lite.kinds import EVAL_ONLY_FIELDS, FeatureSpace, Kind, get_kind
 from reagent_lite.normalization.module import Preprocessor
 from reagent_lite.normalization.params import NormalizationParameters
 from reagent_lite.training import checkpoint as ckpt
+from reagent_lite.training.budget import check_fits
 from reagent_lite.training.graphs import ddp_construction
 from reagent_lite.training.host_memory import keep_freed_memory
 from reagent_lite.training.metrics import MetricsWriter
@@ -126,6 +127,7 @@ class Workflow:
             self.train_data = self.train_data.packed(skip=EVAL_ONLY_FIELDS, consume=True)
         self.eval_data = self._eval_tensors() if ctx.is_rank_zero else None
         dims = {name: p.out_dim for name, p in self.pre.items()}
+        check_fits(cfg, sum(dims.values()), self.space, self.device)
         self.q_net = self.kind.build_q_network(cfg, dims, self.space).to(self.device)
         ckpt.warm_start(self.q_net, cfg.training.warm_start_model_path)
         self.q_net_ddp = self._wrap(self.q_net)
