@@ -10,7 +10,9 @@ Sharding rule, with world size W and the sorted list of data files:
    is given one file (rank r → file r mod n) and the ranks sharing a file split its rows
    evenly (the file is scanned, but only its slice is parsed).
 
-No rank materialises rows outside its shard. Row counts come from Parquet footers; JSON
+With several ranks, files that hold no rows (Spark's empty part files; an empty JSON
+Lines file) are left out before the rule is applied. No rank materialises rows outside
+its shard. Row counts come from Parquet footers; JSON
 Lines counts are unknown until read (shown as "?" in the plan).
 """
 
@@ -156,6 +158,8 @@ def shard_plan(path: str | Path, world_size: int, *, count_rows: bool = True) ->
         raise ValueError(f"world_size must be >= 1, got {world_size}")
     files = list_data_files(path)
     parquet = file_format(files[0]) == "parquet"
+    if world_size > 1:
+        files = _with_rows(files, parquet)
     if len(files) >= world_size:
         pieces = _whole_files(files, world_size, count_rows and parquet)
     elif not parquet:
@@ -167,6 +171,17 @@ def shard_plan(path: str | Path, world_size: int, *, count_rows: bool = True) ->
         else:
             pieces = _row_ranges(metas, world_size)
     return [ShardSpec(r, world_size, tuple(p)) for r, p in enumerate(pieces)]
+
+
+def _with_rows(files: list[Path], parquet: bool) -> list[Path]:
+    """`files` without those that hold no rows (Spark writes empty part files): a rank
+    handed one would have an empty shard. All empty: left as they are, for the reader's
+    error."""
+    if parquet:
+        kept = [f for f in files if parquet_file(f).metadata.num_rows > 0]
+    else:
+        kept = [f for f in files if f.stat().st_size > 0]
+    return kept or files
 
 
 def _whole_files(files: list[Path], w: int, count_rows: bool) -> list[list[ShardPiece]]:

@@ -243,3 +243,16 @@ def test_column_selection(tmp_path: Path) -> None:
     pq.write_table(dqn_table(), path, row_group_size=2)
     t = read_shard(path, 1, 2, columns=["reward", "action", "not_there"])
     assert t.column_names == ["action", "reward"] and t.num_rows == 2  # row group 1 of 3
+
+
+def test_empty_spark_part_files_are_left_out_of_the_shards(tmp_path: Path) -> None:
+    # Spark writes a part file per task, empty ones included; sorted, they alternate here,
+    # so round-robin over all files would give rank 1 only empty ones.
+    table = pa.table({"row_id": list(range(10)), "x": [float(i) for i in range(10)]})
+    for i in range(4):
+        part = table.slice(5 * (i // 2), 5) if i % 2 == 0 else table.slice(0, 0)
+        pq.write_table(part, tmp_path / f"part-{i:05d}-abc.snappy.parquet")
+    plan = shard_plan(tmp_path, 2)
+    rows = [sum(p.num_rows or 0 for p in spec.pieces) for spec in plan]
+    assert rows == [5, 5]
+    assert sorted(read_shard(tmp_path, r, 2).num_rows for r in range(2)) == [5, 5]

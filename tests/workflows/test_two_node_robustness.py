@@ -1,5 +1,5 @@
-"""Preemption and mismatched nodes on a 2-node CPU job (gloo, file:// rendezvous): real
-processes, a hard timeout on each."""
+"""A 2-node CPU job (gloo, file:// rendezvous) under preemption, mismatched nodes and a
+Spark directory with empty part files: real processes, a hard timeout on each."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import signal
 import time
 from pathlib import Path
 
+import pyarrow.parquet as pq
 import pytest
 
 from reagent_lite.training.checkpoint import latest_checkpoint, load_checkpoint
@@ -99,3 +100,22 @@ def test_nodes_started_differently_exit_2_on_every_node(
         assert "not started alike" in text and "Traceback" not in text
         want = "training.learning_rate (0.001 -> 0.01)" if how == "config" else "--resume"
         assert want in text
+
+
+def test_spark_directory_with_empty_part_files_trains_on_two_nodes(
+    tmp_path: Path, data: Path
+) -> None:
+    spark = tmp_path / "spark"
+    spark.mkdir()
+    parts = sorted(data.iterdir())
+    empty = pq.read_table(parts[0]).slice(0, 0)
+    for i, part in enumerate(parts):  # data, empty, data, empty: round-robin would starve rank 1
+        (spark / f"part-{2 * i:05d}.snappy.parquet").write_bytes(part.read_bytes())
+        pq.write_table(empty, spark / f"part-{2 * i + 1:05d}.snappy.parquet")
+    (spark / "_SUCCESS").write_text("")
+    job = Job("dqn", _config(tmp_path, spark, epochs=1), tmp_path / "logs")
+    try:
+        job.run(2)
+    finally:
+        job.close()
+    assert (tmp_path / "out" / "model_meta.json").is_file()
