@@ -20,6 +20,7 @@ from reagent_lite.predict import Predictor
 from reagent_lite.safe_load import check_pt2
 from reagent_lite.training import checkpoint as ckpt
 from reagent_lite.training.loop import Workflow
+from tests.conftest import run_module
 from tests.data.test_ingest import ACTIONS, rows, write
 
 
@@ -189,3 +190,22 @@ def test_our_own_model_passes_and_a_truncated_one_is_one_line(
     with pytest.raises(ConfigError, match=r"not a readable torch\.export archive") as err:
         Predictor(cut)
     assert "\n" not in str(err.value)
+
+
+def test_predict_cli_broken_inputs_are_one_line_with_exit_2(
+    model_dir: Path, tmp_path: Path
+) -> None:
+    data = tmp_path / "rows.parquet"
+    write(data, rows(20), 20)
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    (broken / "model.pt2").write_bytes((model_dir / "model.pt2").read_bytes())
+    (broken / "model_meta.json").write_text('{"workflow": "dqn", "actions": [')
+    cases = {
+        "cannot be read as JSON": ["--model", str(broken), "--output", str(tmp_path / "a.pq")],
+        "is a directory": ["--model", str(model_dir), "--output", str(tmp_path)],
+    }
+    for expected, args in cases.items():
+        result = run_module("reagent_lite.predict", "--data", str(data), *args, timeout=120)
+        assert result.returncode == 2, result.stderr[-2000:]
+        assert expected in result.stderr and len(result.stderr.strip().splitlines()) == 1

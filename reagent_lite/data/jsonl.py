@@ -84,6 +84,10 @@ def read_jsonl(path: Path, part: tuple[int, int] | None = None) -> pa.Table:
             rec = json.loads(ln)
         except json.JSONDecodeError as e:
             raise DataError(f"{path}: line {i + 1} of the shard is not valid JSON ({e})") from e
+        except RecursionError as e:  # a value nested deeper than the parser allows
+            raise DataError(
+                f"{path}: line {i + 1} of the shard is nested deeper than a record can be"
+            ) from e
         if not isinstance(rec, dict):
             raise DataError(f"{path}: line {i + 1} of the shard is not a JSON object")
         records.append(rec)
@@ -96,8 +100,8 @@ def first_record_keys(path: Path) -> list[str]:
         with open_text(path) as fh:
             line = next((ln for ln in fh if ln.strip()), "{}")
         record = json.loads(line)
-    except (OSError, EOFError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise DataError(f"{path}: cannot read the first record ({e})") from e
+    except (OSError, EOFError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
+        raise DataError(f"{path}: cannot read the first record ({str(e)[:200]})") from e
     if not isinstance(record, dict):
         raise DataError(f"{path}: line 1 is not a JSON object")
     return list(record)

@@ -256,3 +256,10 @@ def test_empty_spark_part_files_are_left_out_of_the_shards(tmp_path: Path) -> No
     rows = [sum(p.num_rows or 0 for p in spec.pieces) for spec in plan]
     assert rows == [5, 5]
     assert sorted(read_shard(tmp_path, r, 2).num_rows for r in range(2)) == [5, 5]
+
+
+def test_jsonl_nested_past_the_parser_is_a_data_error(tmp_path: Path) -> None:
+    path = tmp_path / "deep.jsonl"
+    path.write_text('{"a": 1}\n{"metrics": ' + "[" * 100_000 + "]" * 100_000 + "}\n")
+    with pytest.raises(DataError, match="line 2 of the shard is nested deeper"):
+        read_table(path)
