@@ -8,11 +8,12 @@ import io
 import json
 import os
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from reagent_lite.errors import ConfigError
+from reagent_lite.errors import ConfigError, TrainingError
 
 
 def atomic_write(path: Path, write: Callable[[Path], None]) -> None:
@@ -125,4 +126,22 @@ def ensure_writable_dir(path: Path, what: str) -> None:
         raise ConfigError(
             f"{what}: cannot write to directory '{path}' ({err.strerror or err}); "
             "expected a writable directory"
+        ) from err
+
+
+@contextmanager
+def output_errors(output_dir: Path, last_good: Callable[[], Path | None]) -> Iterator[None]:
+    """A write under `output_dir` that fails (a full disk, a filesystem turned read-only)
+    becomes one `TrainingError` naming the file and the errno; what was written before —
+    checkpoints, the previous model.pt2 — is untouched (atomic writes)."""
+    try:
+        yield
+    except OSError as err:
+        name = err.filename
+        if not name or not Path(str(name)).absolute().is_relative_to(output_dir.absolute()):
+            raise
+        raise TrainingError(
+            f"cannot write {describe_os_error(err)}; stopping. Last good checkpoint: "
+            f"{last_good() or 'none yet'} (earlier model files are untouched; model_meta.json "
+            "marks a complete model). Free space or fix the filesystem, then --resume"
         ) from err

@@ -12,8 +12,6 @@ import logging
 import math
 import sys
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +27,7 @@ from reagent_lite.errors import ConfigError, TrainingError
 from reagent_lite.evaluation.cpe_models import CpeModelTrainer, CpeNets, EvaluatedPolicy
 from reagent_lite.evaluation.evaluator import evaluate_cpe
 from reagent_lite.export import RunResult, write_outputs
-from reagent_lite.io_utils import describe_os_error
+from reagent_lite.io_utils import output_errors
 from reagent_lite.kinds import EVAL_ONLY_FIELDS, FeatureSpace, Kind, get_kind
 from reagent_lite.normalization.module import Preprocessor
 from reagent_lite.normalization.params import NormalizationParameters
@@ -39,7 +37,7 @@ from reagent_lite.training.graphs import ddp_construction
 from reagent_lite.training.host_memory import keep_freed_memory
 from reagent_lite.training.metrics import MetricsWriter
 from reagent_lite.training.ownership import begin_run, check_same_job
-from reagent_lite.training.preemption import Cadence, Preempted, StopSignals, signal_name
+from reagent_lite.training.preemption import StopPoints, StopSignals, stopped
 from reagent_lite.training.selection import ModelSelection
 from reagent_lite.training.shard import load_training_shard
 from reagent_lite.training.steps import StepRunner, build_step_runner, plan_steps
@@ -51,24 +49,6 @@ log = logging.getLogger("reagent_lite")
 
 def _float(t: Tensor | float) -> float:
     return float(t.item()) if isinstance(t, Tensor) else float(t)
-
-
-@contextmanager
-def output_errors(output_dir: Path, last_good: Callable[[], Path | None]) -> Iterator[None]:
-    """A write under `output_dir` that fails (a full disk, a filesystem turned read-only)
-    becomes one `TrainingError` naming the file and the errno; what was written before —
-    checkpoints, the previous model.pt2 — is untouched (atomic writes)."""
-    try:
-        yield
-    except OSError as err:
-        name = err.filename
-        if not name or not Path(str(name)).absolute().is_relative_to(output_dir.absolute()):
-            raise
-        raise TrainingError(
-            f"cannot write {describe_os_error(err)}; stopping. Last good checkpoint: "
-            f"{last_good() or 'none yet'} (earlier model files are untouched; model_meta.json "
-            "marks a complete model). Free space or fix the filesystem, then --resume"
-        ) from err
 
 
 class Workflow:
@@ -110,7 +90,13 @@ class Workflow:
         # Preemption: the signals this rank received, when to checkpoint mid-epoch, and
         # where a run resumed from a mid-epoch checkpoint continues.
         self.stop = stop or StopSignals()
-        self.cadence = Cadence(cfg.checkpoint_every_steps, cfg.checkpoint_every_minutes)
+        self.stop_points = StopPoints(
+            ctx,
+            self.stop,
+            every_steps=cfg.checkpoint_every_steps,
+            every_minutes=cfg.checkpoint_every_minutes,
+            check_every_steps=cfg.stop_check_every_steps,
+        )
         self._position: dict[str, Any] | None = None
 
     # ------------------------------------------------------------------ setup
@@ -259,7 +245,10 @@ class Workflow:
             self.q_net_ddp.train()
             # Sets the epoch's batch stream (and, the first time on CUDA, captures the step).
             runner.begin_epoch(epoch)
-            first = self._continue_epoch(runner) if self._position is not None else 0
+            first = 0
+            if self._position is not None:  # resumed mid-epoch
+                first = self.stop_points.resume(self._position, runner)
+                self._position = None
             if epoch == self.start_epoch and ctx.is_rank_zero:
                 log.info("%s", runner.describe())
             bar = tqdm(
@@ -421,55 +410,24 @@ class Workflow:
 
     def _poll(self, epoch: int, done: int, runner: StepRunner) -> None:
         """After step `done` of `epoch`: a mid-epoch checkpoint when one is due, and a stop
-        (`Preempted`) when any rank received SIGTERM/SIGINT — decided by all ranks together
-        (preemption.py)."""
-        due = self.cadence.steps_due(self.global_step)
-        signum = 0
-        if self.ctx.world_size == 1 or done % self.cfg.stop_check_every_steps == 0:
-            clock = self.ctx.is_rank_zero and self.cadence.clock_due()
-            signum, clock_due = self.ctx.all_reduce_max([self.stop.signum, int(clock)])
-            due = due or bool(clock_due)
+        (`Preempted`) when any rank received SIGTERM/SIGINT (preemption.py)."""
+        due, signum = self.stop_points.poll(done, self.global_step)
         if not (due or signum):
             return
-        path = self._save_position(epoch, done, runner)
+        ranks = self.stop_points.ranks_state(runner)
+        path = None
+        if self.ctx.is_rank_zero:
+            state = self._checkpoint_state(epoch)
+            state["position"] = {
+                "steps_done": done,
+                "world_size": self.ctx.world_size,
+                "ranks": ranks,
+            }
+            path = ckpt.save_checkpoint(self.output_dir, self.run_id, epoch, state, step=done)
+            self.stop_points.cadence.written()
+            log.info("mid-epoch checkpoint %s", path)
         if signum:
-            where = f"after step {done} of epoch {epoch + 1} (global step {self.global_step})"
-            saved = f"checkpoint {path}" if path else "rank 0 wrote the checkpoint"
-            raise Preempted(
-                f"stopped by {signal_name(signum)} {where}; {saved}; run the same command "
-                "with --resume to continue from there",
-                signum,
-            )
-
-    def _save_position(self, epoch: int, done: int, runner: StepRunner) -> Path | None:
-        """A checkpoint after `done` steps of `epoch`: the run's state plus each rank's RNG
-        state and partial loss sum (the batch stream is a function of the step)."""
-        mine: dict[str, Any] = {"rng": torch.get_rng_state(), "loss_sum": _float(runner.loss_sum)}
-        if self.device.type == "cuda":
-            mine["cuda_rng"] = torch.cuda.get_rng_state(self.device)
-        ranks = self.ctx.all_gather_object(mine)
-        if not self.ctx.is_rank_zero:
-            return None
-        state = self._checkpoint_state(epoch)
-        state["position"] = {"steps_done": done, "world_size": self.ctx.world_size, "ranks": ranks}
-        path = ckpt.save_checkpoint(self.output_dir, self.run_id, epoch, state, step=done)
-        self.cadence.written()
-        log.info("mid-epoch checkpoint %s", path)
-        return path
-
-    def _continue_epoch(self, runner: StepRunner) -> int:
-        """Where a run resumed mid-epoch continues: the batch stream, RNG and loss sum of
-        this rank as they were after the checkpoint's step; returns that step."""
-        assert self._position is not None
-        position, self._position = self._position, None
-        done = int(position["steps_done"])
-        runner.skip(done)
-        mine = position["ranks"][self.ctx.rank]
-        torch.set_rng_state(mine["rng"])
-        if self.device.type == "cuda" and "cuda_rng" in mine:
-            torch.cuda.set_rng_state(mine["cuda_rng"], self.device)
-        runner.loss_sum.fill_(mine["loss_sum"])
-        return done
+            raise stopped(signum, epoch, done, self.global_step, path)
 
     def _restore(self) -> None:
         found = ckpt.restore(

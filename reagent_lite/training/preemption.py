@@ -16,10 +16,15 @@ from __future__ import annotations
 import signal
 import threading
 import time
+from pathlib import Path
 from types import FrameType
 from typing import Any
 
+import torch
+
+from reagent_lite.distributed.context import DistContext
 from reagent_lite.errors import ReagentLiteError
+from reagent_lite.training.steps import StepRunner
 
 SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
@@ -95,3 +100,63 @@ class Cadence:
 
     def written(self) -> None:
         self.last = time.monotonic()
+
+
+class StopPoints:
+    """After each optimizer step, whether this is a point to checkpoint and/or stop, as
+    every rank decides together; and the per-rank part of a mid-epoch checkpoint."""
+
+    def __init__(
+        self,
+        ctx: DistContext,
+        stop: StopSignals,
+        *,
+        every_steps: int,
+        every_minutes: float,
+        check_every_steps: int,
+    ) -> None:
+        self.ctx = ctx
+        self.stop = stop
+        self.cadence = Cadence(every_steps, every_minutes)
+        # One process needs no agreement: it looks at its flag after every step.
+        self.check_every = 1 if ctx.world_size == 1 else check_every_steps
+
+    def poll(self, done: int, global_step: int) -> tuple[bool, int]:
+        """(checkpoint due, signal to stop on or 0) after step `done` of the epoch."""
+        due = self.cadence.steps_due(global_step)
+        if done % self.check_every:
+            return due, 0
+        clock = self.ctx.is_rank_zero and self.cadence.clock_due()
+        signum, clock_due = self.ctx.all_reduce_max([self.stop.signum, int(clock)])
+        return due or bool(clock_due), signum
+
+    def ranks_state(self, runner: StepRunner) -> list[dict[str, Any]]:
+        """Every rank's RNG state and partial loss sum (a collective; on rank 0 the list)."""
+        device = self.ctx.device
+        mine: dict[str, Any] = {"rng": torch.get_rng_state(), "loss_sum": float(runner.loss_sum)}
+        if device.type == "cuda":
+            mine["cuda_rng"] = torch.cuda.get_rng_state(device)
+        ranks: list[dict[str, Any]] = self.ctx.all_gather_object(mine)
+        return ranks
+
+    def resume(self, position: dict[str, Any], runner: StepRunner) -> int:
+        """This rank's batch stream, RNG and loss sum as they were after the step of a
+        mid-epoch checkpoint's `position`, after `begin_epoch`; returns that step."""
+        done = int(position["steps_done"])
+        runner.skip(done)
+        mine = position["ranks"][self.ctx.rank]
+        torch.set_rng_state(mine["rng"])
+        if self.ctx.device.type == "cuda" and "cuda_rng" in mine:
+            torch.cuda.set_rng_state(mine["cuda_rng"], self.ctx.device)
+        runner.loss_sum.fill_(mine["loss_sum"])
+        return done
+
+
+def stopped(signum: int, epoch: int, done: int, global_step: int, path: Path | None) -> Preempted:
+    where = f"after step {done} of epoch {epoch + 1} (global step {global_step})"
+    saved = f"checkpoint {path}" if path else "rank 0 wrote the checkpoint"
+    return Preempted(
+        f"stopped by {signal_name(signum)} {where}; {saved}; run the same command with "
+        "--resume to continue from there",
+        signum,
+    )

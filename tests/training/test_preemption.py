@@ -45,8 +45,14 @@ def _config(tmp: Path, out: str = "out", **extra: Any) -> DQNWorkflowConfig:
     )
 
 
-def _run(cfg: DQNWorkflowConfig, *, resume: bool = False, kill_at: int = 0) -> Workflow:
-    """One run; with `kill_at`, SIGTERM arrives during that global step."""
+def _run(
+    cfg: DQNWorkflowConfig,
+    *,
+    resume: bool = False,
+    kill_at: int = 0,
+    signum: signal.Signals = signal.SIGTERM,
+) -> Workflow:
+    """One run; with `kill_at`, `signum` arrives during that global step."""
     with StopSignals() as stop:
         wf = Workflow("dqn", cfg, DistContext.single("cpu"), resume=resume, stop=stop)
         try:
@@ -58,7 +64,7 @@ def _run(cfg: DQNWorkflowConfig, *, resume: bool = False, kill_at: int = 0) -> W
                 def step() -> None:
                     plain()
                     if wf.global_step + 1 == kill_at:
-                        os.kill(os.getpid(), signal.SIGTERM)
+                        os.kill(os.getpid(), signum)
 
                 runner.step = step  # type: ignore[method-assign]
             wf.train()
@@ -101,3 +107,13 @@ def test_checkpoints_on_a_step_cadence(tmp_path: Path) -> None:
     names = [p.name for p in ckpt.list_checkpoints(tmp_path / "out")]
     # Steps 3, 6 and 9 of 10; three kept.
     assert names == [f"epoch_00000_step_{s:09d}.pt" for s in (3, 6, 9)]
+
+
+def test_sigint_exits_130_and_a_clock_cadence_checkpoints(tmp_path: Path) -> None:
+    # A cadence of a few microseconds: due at every step.
+    cfg = _config(tmp_path, checkpoint_every_minutes=1e-7, checkpoint_every_epochs=0, epochs=1)
+    with pytest.raises(Preempted) as stopped:
+        _run(cfg, kill_at=6, signum=signal.SIGINT)
+    assert stopped.value.exit_code == 130 and "SIGINT" in str(stopped.value)
+    names = [p.name for p in ckpt.list_checkpoints(tmp_path / "out")]
+    assert names == [f"epoch_00000_step_{s:09d}.pt" for s in (4, 5, 6)]
