@@ -36,7 +36,13 @@ _MEMBER = re.compile(
     r"|models/[\w.-]+\.json|data/weights/[\w.-]+|data/constants/[\w.-]+"
     r"|data/sample_inputs/[\w.-]+\.pt)$"
 )
-_TARGET = re.compile(r"^(torch\.ops\.aten\.\w+\.\w+|_operator\.getitem)$")
+# ATen operators, and the side-effect-free `operator` functions torch uses on sizes
+# (`operator.call`, `attrgetter` or `methodcaller` could reach anything: not listed).
+_TARGET = re.compile(
+    r"^(torch\.ops\.aten\.\w+\.\w+|torch\.sym_(?:max|min|not|int|float|sqrt)"
+    r"|_operator\.(?:getitem|add|sub|mul|floordiv|truediv|mod|pow|neg|eq|ne|lt|le|gt|ge"
+    r"|and_|or_))$"
+)
 # sympy's srepr of batch-size symbols and their arithmetic (`Symbol('s51', positive=True,
 # integer=True)`, `Integer(4)`, `Mul(Integer(2), Symbol(...))`).
 _EXPR_TOKENS = re.compile(
@@ -44,8 +50,10 @@ _EXPR_TOKENS = re.compile(
     r"|'[a-z]\d+'|-?\d+|[(),=\s]"
 )
 # Guards torch writes for inputs' sizes: `L['state_values'].size()[0] == L['x'].size()[0]`.
+# Parametric models add `max(1, (L['a'].size()[1]*L['a'].size()[0]) // L['c'].size()[0])`.
 _GUARD_TOKENS = re.compile(
-    r"L\['[A-Za-z_]\w*'\]|\.size\(\)|\[\d+\]|==|!=|<=|>=|<|>|\band\b|\d+|[()+*\-\s]"
+    r"L\['[A-Za-z_]\w*'\]|\.size\(\)|\[\d+\]|==|!=|<=|>=|<|>|//|\b(?:and|or|not|max|min)\b|\d+"
+    r"|[()+*%,\-\s]"
 )
 
 
