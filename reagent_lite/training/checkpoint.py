@@ -39,6 +39,8 @@ RESUMABLE_CHANGES = (
     "rendezvous_timeout_s",
     "collective_timeout_s",
     "log_every_steps",
+    "tensorboard",
+    "mlflow",
     "checkpoint_every_epochs",
     "checkpoint_every_steps",
     "checkpoint_every_minutes",

@@ -186,7 +186,9 @@ def config_diff(a: Any, b: Any, allowed: tuple[str, ...] = ()) -> list[str]:
             stack.extend((f"{prefix}{k}.", x.get(k), y.get(k)) for k in set(x) | set(y))
             continue
         key = prefix[:-1]
-        if x != y and key not in allowed:
+        if any(key == a or key.startswith(a + ".") for a in allowed):
+            continue
+        if x != y:
             out.append(f"{key} ({_short(x)} -> {_short(y)})")
     return sorted(out)
 
