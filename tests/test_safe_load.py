@@ -202,7 +202,7 @@ def test_predict_cli_broken_inputs_are_one_line_with_exit_2(
     (broken / "model.pt2").write_bytes((model_dir / "model.pt2").read_bytes())
     (broken / "model_meta.json").write_text('{"workflow": "dqn", "actions": [')
     cases = {
-        "cannot be read as JSON": ["--model", str(broken), "--output", str(tmp_path / "a.pq")],
+        "cannot be read as JSON": ["--model", str(broken), "--output", str(tmp_path / "a.parquet")],
         "is a directory": ["--model", str(model_dir), "--output", str(tmp_path)],
     }
     for expected, args in cases.items():
