@@ -47,6 +47,11 @@ RESUMABLE_CHANGES = (
     "stop_check_every_steps",
     "model_output_path",
     "init_method",
+    # Where and whether row groups are prepared: the windows are the same bits either way.
+    "stream_prepare",
+    "stream_prepared_dir",
+    # The compiled loss is the same maths (float rounding aside), not another model.
+    "training.compile",
 )
 
 
