@@ -76,6 +76,12 @@ class DistContext:
         dist.all_reduce(flags, op=dist.ReduceOp.MAX)
         return [int(v) for v in flags.tolist()]
 
+    def all_reduce_max_(self, flags: torch.Tensor) -> None:
+        """In place, the element-wise maximum of `flags` (on this rank's collective device)
+        over all ranks, queued without reading it on the host."""
+        if self.is_distributed:
+            dist.all_reduce(flags, op=dist.ReduceOp.MAX)
+
     def broadcast_object(self, obj: Any, src: int = 0) -> Any:
         """Return rank `src`'s `obj` on every rank (e.g. a stop decision made on rank 0)."""
         if not self.is_distributed:

@@ -120,6 +120,7 @@ class StopPoints:
         self.cadence = Cadence(every_steps, every_minutes)
         # One process needs no agreement: it looks at its flag after every step.
         self.check_every = 1 if ctx.world_size == 1 else check_every_steps
+        self._lagged = LaggedMax(ctx) if ctx.world_size > 1 and ctx.device.type == "cuda" else None
 
     def poll(self, done: int, global_step: int) -> tuple[bool, int]:
         """(checkpoint due, signal to stop on or 0) after step `done` of the epoch."""
@@ -127,7 +128,11 @@ class StopPoints:
         if done % self.check_every:
             return due, 0
         clock = self.ctx.is_rank_zero and self.cadence.clock_due()
-        signum, clock_due = self.ctx.all_reduce_max([self.stop.signum, int(clock)])
+        flags = [self.stop.signum, int(clock)]
+        if self._lagged is not None:
+            signum, clock_due = self._lagged.exchange(flags)
+        else:
+            signum, clock_due = self.ctx.all_reduce_max(flags)
         return due or bool(clock_due), signum
 
     def ranks_state(self, runner: StepRunner) -> list[dict[str, Any]]:
@@ -150,6 +155,41 @@ class StopPoints:
             torch.cuda.set_rng_state(mine["cuda_rng"], self.ctx.device)
         runner.loss_sum.fill_(mine["loss_sum"])
         return done
+
+
+class LaggedMax:
+    """The stop check's all-reduce on GPUs, without draining the launch queue.
+
+    Reading a collective's result on the host right away would wait for every step queued
+    before it, leaving the GPU idle until the host queues the next ones — every
+    `stop_check_every_steps` steps. Instead each check queues its all-reduce and a copy
+    into pinned host memory, and acts on the previous check's result, which the GPU
+    reached long ago (waiting on its event at worst keeps the host one interval ahead).
+    Every rank reads the same exchange at the same check, so they still decide together,
+    one interval later."""
+
+    def __init__(self, ctx: DistContext) -> None:
+        self.ctx = ctx
+        self._pending: tuple[torch.Tensor, torch.Tensor, torch.Tensor, Any] | None = None
+
+    def exchange(self, values: list[int]) -> list[int]:
+        """Queues the MAX all-reduce of `values`; returns the previous call's result
+        (zeros on the first call)."""
+        result = [0] * len(values)
+        if self._pending is not None:
+            _, _, host_out, done = self._pending
+            done.synchronize()
+            result = [int(v) for v in host_out.tolist()]
+        device = self.ctx.device
+        host_in = torch.tensor(values, dtype=torch.int64).pin_memory()
+        flags = host_in.to(device, non_blocking=True)
+        self.ctx.all_reduce_max_(flags)
+        host_out = torch.empty_like(host_in).pin_memory()
+        host_out.copy_(flags, non_blocking=True)
+        event = torch.cuda.Event()
+        event.record(torch.cuda.current_stream(device))
+        self._pending = (host_in, flags, host_out, event)
+        return result
 
 
 def stopped(signum: int, epoch: int, done: int, global_step: int, path: Path | None) -> Preempted:
