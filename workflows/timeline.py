@@ -1,10 +1,12 @@
-"""Step logs → training table (docs/DATA_FORMAT.md).
+"""Step logs → training table (docs/TIMELINE.md).
 
-    python -m workflows.timeline --input steps.parquet --output table.parquet \
-        [--eval-output eval.parquet] [--eval-fraction 0.1] [--seed 0]
+    python -m workflows.timeline --input steps.parquet --output train.parquet \
+        [--eval-output eval.parquet] [--eval-fraction 0.1] [--seed 0] \
+        [--engine duckdb|spark] [--memory-limit 1GB] [--threads N] [--temp-dir DIR]
 
 Without `--eval-output` every episode goes to `--output` (the eval fraction is then 0).
-Bad input prints one message and exits 3 (`DataError`); bad flags exit 2.
+Bad input prints one message and exits 3 (`DataError`); bad flags, or an engine whose
+requirements are missing, exit 2.
 """
 
 from __future__ import annotations
@@ -12,9 +14,13 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
-from reagent_lite.data.timeline import build_training_table, read_steps, write_table
-from reagent_lite.errors import ReagentLiteError
+from reagent_lite.errors import ConfigError, ReagentLiteError
+from reagent_lite.timeline import DEFAULT_MEMORY_LIMIT, DuckSettings
+from reagent_lite.timeline.query import Side
+
+ENGINES = ("duckdb", "spark")
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
@@ -22,7 +28,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         prog="python -m workflows.timeline",
         description="Turn per-step logs into the transition table the workflows train on.",
     )
-    parser.add_argument("--input", required=True, help="step logs: Parquet file or directory")
+    parser.add_argument(
+        "--input", required=True, help="step logs: Parquet or JSON Lines, a file or a directory"
+    )
     parser.add_argument("--output", required=True, help="training table to write (Parquet)")
     parser.add_argument(
         "--eval-output", "--eval_output", default=None, help="eval table to write (Parquet)"
@@ -35,25 +43,68 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         help="share of episodes (by hash of mdp_id) that go to --eval-output",
     )
     parser.add_argument("--seed", type=int, default=0, help="salt of the train/eval hash")
+    parser.add_argument(
+        "--engine",
+        choices=ENGINES,
+        default="duckdb",
+        help="duckdb (default: this machine, out of core) or spark (needs the spark extra "
+        "and Java; a cluster under spark-submit, else local mode on every core)",
+    )
+    parser.add_argument(
+        "--memory-limit",
+        "--memory_limit",
+        default=DEFAULT_MEMORY_LIMIT,
+        help=f"duckdb: memory it may use before spilling to --temp-dir (default {DEFAULT_MEMORY_LIMIT})",
+    )
+    parser.add_argument(
+        "--threads", type=int, default=None, help="duckdb: threads (default: every core)"
+    )
+    parser.add_argument(
+        "--temp-dir",
+        "--temp_dir",
+        default=None,
+        help="duckdb: where sorts spill (default: the system's temporary directory)",
+    )
     return parser.parse_args(argv)
+
+
+def _outputs(args: argparse.Namespace) -> dict[Side, Path]:
+    if not args.eval_output:
+        return {"all": Path(args.output)}
+    return {"train": Path(args.output), "eval": Path(args.eval_output)}
+
+
+def run(args: argparse.Namespace) -> dict[Side, int]:
+    """Check the flags and run the chosen engine; rows written per side."""
+    if args.eval_output and not 0.0 <= args.eval_fraction < 1.0:
+        raise ConfigError(f"--eval-fraction: {args.eval_fraction} is not in [0, 1)")
+    if args.threads is not None and args.threads < 1:
+        raise ConfigError(f"--threads: {args.threads}; expected at least 1")
+    outputs = _outputs(args)
+    if args.engine == "spark":
+        from reagent_lite.timeline import spark
+
+        return spark.write_sides(
+            args.input, outputs, eval_fraction=args.eval_fraction, seed=args.seed
+        )
+    from reagent_lite.timeline import duck
+
+    settings = DuckSettings(args.memory_limit, args.threads, args.temp_dir)
+    return duck.write_sides(
+        args.input, outputs, eval_fraction=args.eval_fraction, seed=args.seed, settings=settings
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     try:
-        steps = read_steps(args.input)
-        fraction = args.eval_fraction if args.eval_output else 0.0
-        train, evaluation = build_training_table(
-            steps, eval_fraction=fraction, seed=args.seed, source=str(args.input)
-        )
-        write_table(train, args.output)
-        print(f"wrote {train.num_rows} transitions to {args.output}")
-        if args.eval_output:
-            write_table(evaluation, args.eval_output)
-            print(f"wrote {evaluation.num_rows} transitions to {args.eval_output}")
+        written = run(args)
     except ReagentLiteError as err:
         print(f"error: {err}", file=sys.stderr)
         return err.exit_code
+    paths = _outputs(args)
+    for side, rows in written.items():
+        print(f"wrote {rows} transitions to {paths[side]}")
     return 0
 
 

@@ -1,0 +1,229 @@
+"""The timeline on DuckDB: embedded, out of core, every core (the default engine).
+
+DuckDB runs the queries of `query.py` over a Parquet file or directory (read in place,
+only the columns a query needs) or JSON Lines (parsed once into a temporary table). Its
+sorts spill to a temporary directory when they outgrow `memory_limit`, so a step log of
+any size runs in bounded memory; its threads cover every core unless told otherwise.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import duckdb
+import pyarrow as pa
+
+from reagent_lite.errors import ConfigError, DataError, ReagentLiteError
+from reagent_lite.timeline.files import step_files
+from reagent_lite.timeline.query import (
+    Kind,
+    Side,
+    StepColumns,
+    checks_sql,
+    duplicates_sql,
+    raise_for_checks,
+    transitions_sql,
+)
+
+# Row-group size of written tables: small enough that a few thousand episodes still give
+# every rank of a multi-GPU job its own row groups (docs/DISTRIBUTED.md).
+ROW_GROUP_SIZE = 16_384
+DEFAULT_MEMORY_LIMIT = "1GB"
+_INTEGER = {"TINYINT", "SMALLINT", "INTEGER", "BIGINT", "HUGEINT", "UTINYINT", "USMALLINT", "UINTEGER", "UBIGINT", "UHUGEINT"}
+_FLOAT = {"FLOAT", "DOUBLE"}
+_FEATURE_MAP = "MAP(VARCHAR, DOUBLE)"
+
+
+class DuckDialect:
+    def empty(self, type_name: str, kind: Kind) -> str:
+        return f"CAST({'MAP {}' if kind == 'map' else '[]'} AS {type_name})"
+
+    def zeros_like(self, column: str, type_name: str) -> str:
+        return f"CAST(list_transform({self.quote(column)}, lambda x: 0.0) AS {type_name})"
+
+    def quote(self, name: str) -> str:
+        return '"' + name.replace('"', '""') + '"'
+
+
+def duck_kind(type_name: str) -> Kind:
+    if type_name in _INTEGER:
+        return "integer"
+    if type_name in _FLOAT or type_name.startswith("DECIMAL"):
+        return "float"
+    if type_name == "VARCHAR":
+        return "string"
+    if type_name.endswith("]"):
+        return "list"
+    if type_name.startswith("MAP("):
+        return "map"
+    return "other"
+
+
+@dataclass(frozen=True)
+class DuckSettings:
+    """How DuckDB may use the machine."""
+
+    memory_limit: str = DEFAULT_MEMORY_LIMIT  # e.g. "1GB", "16GB"
+    threads: int | None = None  # None: every core
+    temp_dir: str | None = None  # where sorts spill; None: the system's temp directory
+
+
+@contextmanager
+def connect(settings: DuckSettings) -> Iterator[duckdb.DuckDBPyConnection]:
+    """An in-memory DuckDB connection that spills to a private temporary directory."""
+    spill = tempfile.mkdtemp(prefix="reagent-timeline-", dir=settings.temp_dir)
+    con = duckdb.connect(":memory:")
+    try:
+        try:
+            con.execute(f"SET memory_limit = '{settings.memory_limit}'")
+        except duckdb.Error as err:
+            raise _flag_error("--memory-limit", settings.memory_limit, "a size such as 1GB or 512MB", err) from err
+        if settings.threads is not None:
+            con.execute(f"SET threads = {int(settings.threads)}")
+        con.execute(f"SET temp_directory = '{_sql_string(spill)}'")
+        # Row order inside a query is not needed (the output is sorted); this lets DuckDB
+        # stream and spill more freely.
+        con.execute("SET preserve_insertion_order = false")
+        yield con
+    finally:
+        con.close()
+        shutil.rmtree(spill, ignore_errors=True)
+
+
+def _flag_error(flag: str, value: object, expected: str, err: Exception) -> ConfigError:
+    return ConfigError(f"{flag}: bad value {value!r}; expected {expected} ({err})")
+
+
+def _sql_string(text: str) -> str:
+    return text.replace("'", "''")
+
+
+def describe(con: duckdb.DuckDBPyConnection, source: str) -> StepColumns:
+    rows = con.execute("DESCRIBE steps").fetchall()
+    return StepColumns({r[0]: (str(r[1]), duck_kind(str(r[1]))) for r in rows}, source)
+
+
+def open_steps(con: duckdb.DuckDBPyConnection, path: str | os.PathLike[str]) -> StepColumns:
+    """Register the step log at `path` as the view `steps`; its columns, checked."""
+    fmt, files = step_files(path)
+    listed = "[" + ", ".join(f"'{_sql_string(str(f))}'" for f in files) + "]"
+    source = str(path)
+    try:
+        if fmt == "parquet":
+            con.execute(f"CREATE VIEW steps AS SELECT * FROM read_parquet({listed})")
+        else:
+            reader = f"read_json({listed}, format = 'newline_delimited'"
+            inferred = con.execute(f"DESCRIBE SELECT * FROM {reader})").fetchall()
+            # JSON objects are feature maps (as everywhere in reagent-lite), not structs.
+            spec = ", ".join(
+                f"'{_sql_string(str(r[0]))}': '{_json_type(str(r[1]))}'" for r in inferred
+            )
+            con.execute(f"CREATE TEMP TABLE steps AS SELECT * FROM {reader}, columns = {{{spec}}})")
+    except duckdb.Error as err:
+        raise DataError(f"{source}: cannot read as {fmt} ({_first_line(err)})") from err
+    columns = describe(con, source)
+    columns.check()
+    return columns
+
+
+def _json_type(type_name: str) -> str:
+    if re.fullmatch(r"(STRUCT|MAP)\(.*\)\[\]", type_name):
+        return _FEATURE_MAP + "[]"
+    if type_name.startswith(("STRUCT", "MAP")):
+        return _FEATURE_MAP
+    return type_name
+
+
+def _first_line(err: Exception) -> str:
+    return str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+
+
+def check_values(con: duckdb.DuckDBPyConnection, columns: StepColumns) -> None:
+    """Nulls, propensities and repeated (mdp_id, sequence_number) pairs: one `DataError`."""
+    for sql in (checks_sql(columns), duplicates_sql()):
+        cur = con.execute(sql)
+        names = [d[0] for d in cur.description or []]
+        rows = cur.fetchall()
+        row = rows[0] if rows else ()
+        raise_for_checks(columns.source, dict(zip(names, row, strict=False)))
+
+
+def transitions(
+    con: duckdb.DuckDBPyConnection,
+    columns: StepColumns,
+    side: Side,
+    eval_fraction: float,
+    seed: int,
+) -> duckdb.DuckDBPyRelation:
+    return con.sql(
+        transitions_sql(columns, DuckDialect(), side=side, eval_fraction=eval_fraction, seed=seed)
+    )
+
+
+def build_training_table(
+    steps: pa.Table,
+    *,
+    eval_fraction: float = 0.1,
+    seed: int = 0,
+    source: str = "<steps>",
+    settings: DuckSettings | None = None,
+) -> tuple[pa.Table, pa.Table]:
+    """In memory: the `(train, eval)` transition tables of the step log `steps`, each
+    sorted by (mdp_id, sequence_number). Raises `DataError` for bad input."""
+    if not 0.0 <= eval_fraction < 1.0:
+        raise DataError(f"{source}: eval_fraction must be in [0, 1) (got {eval_fraction})")
+    with connect(settings or DuckSettings()) as con:
+        con.register("steps_arrow", steps)
+        con.execute("CREATE VIEW steps AS SELECT * FROM steps_arrow")
+        columns = describe(con, source)
+        columns.check()
+        check_values(con, columns)
+        train = transitions(con, columns, "train", eval_fraction, seed).to_arrow_table()
+        evaluation = transitions(con, columns, "eval", eval_fraction, seed).to_arrow_table()
+    return train, evaluation
+
+
+def write_sides(
+    input_path: str | os.PathLike[str],
+    outputs: dict[Side, Path],
+    *,
+    eval_fraction: float,
+    seed: int,
+    settings: DuckSettings,
+) -> dict[Side, int]:
+    """Read the step log, check it, and write each side's transitions to its Parquet file
+    (atomically: a temporary file beside it, then a rename). Returns rows per side."""
+    written: dict[Side, int] = {}
+    with connect(settings) as con:
+        columns = open_steps(con, input_path)
+        check_values(con, columns)
+        for side, path in outputs.items():
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+            query = transitions_sql(
+                columns, DuckDialect(), side=side, eval_fraction=eval_fraction, seed=seed
+            )
+            try:
+                row = con.execute(
+                    f"COPY ({query}) TO '{_sql_string(str(tmp))}' "
+                    f"(FORMAT parquet, ROW_GROUP_SIZE {ROW_GROUP_SIZE})"
+                ).fetchall()
+                os.replace(tmp, path)
+            except duckdb.OutOfMemoryException as err:
+                raise ReagentLiteError(
+                    f"{input_path}: DuckDB ran out of memory ({_first_line(err)}); raise "
+                    "--memory-limit or point --temp-dir at a disk with more free space"
+                ) from err
+            except duckdb.Error as err:
+                raise DataError(f"{input_path}: {_first_line(err)}") from err
+            finally:
+                tmp.unlink(missing_ok=True)
+            written[side] = int(row[0][0]) if row else 0
+    return written
