@@ -39,6 +39,7 @@ DEFAULT_MEMORY_LIMIT = "1GB"
 _INTEGER = {"TINYINT", "SMALLINT", "INTEGER", "BIGINT", "HUGEINT", "UTINYINT", "USMALLINT", "UINTEGER", "UBIGINT", "UHUGEINT"}
 _FLOAT = {"FLOAT", "DOUBLE"}
 _FEATURE_MAP = "MAP(VARCHAR, DOUBLE)"
+_GUESSED_FROM_STRINGS = {"DATE", "TIME", "TIMESTAMP", "TIMESTAMP WITH TIME ZONE", "UUID"}
 
 
 class DuckDialect:
@@ -121,7 +122,6 @@ def open_steps(con: duckdb.DuckDBPyConnection, path: str | os.PathLike[str]) -> 
         else:
             reader = f"read_json({listed}, format = 'newline_delimited'"
             inferred = con.execute(f"DESCRIBE SELECT * FROM {reader})").fetchall()
-            # JSON objects are feature maps (as everywhere in reagent-lite), not structs.
             spec = ", ".join(
                 f"'{_sql_string(str(r[0]))}': '{_json_type(str(r[1]))}'" for r in inferred
             )
@@ -134,6 +134,10 @@ def open_steps(con: duckdb.DuckDBPyConnection, path: str | os.PathLike[str]) -> 
 
 
 def _json_type(type_name: str) -> str:
+    """The type a JSON column is read as: objects as feature maps (as everywhere in
+    reagent-lite, not structs), strings as strings (not dates or UUIDs guessed from them)."""
+    if type_name in _GUESSED_FROM_STRINGS:
+        return "VARCHAR"
     if re.fullmatch(r"(STRUCT|MAP)\(.*\)\[\]", type_name):
         return _FEATURE_MAP + "[]"
     if type_name.startswith(("STRUCT", "MAP")):

@@ -136,7 +136,7 @@ ROW_EXAMPLE = (
 )
 
 
-def checks_sql(columns: StepColumns) -> str:
+def checks_sql(columns: StepColumns, table: str = "steps") -> str:
     """One aggregate over the step log: for each rule, the number of rows breaking it and
     the first example (by its text), as columns `n_<rule>` and `e_<rule>`."""
     example = ROW_EXAMPLE
@@ -148,15 +148,15 @@ def checks_sql(columns: StepColumns) -> str:
         parts.append(f"sum(CASE WHEN {cond} THEN 1 ELSE 0 END) AS n_{name}")
         value = f"concat({example}, ', value=', CAST({prop} AS STRING))" if name == "bad_propensity" else example
         parts.append(f"min(CASE WHEN {cond} THEN {value} END) AS e_{name}")
-    return f"SELECT {', '.join(parts)} FROM steps"
+    return f"SELECT {', '.join(parts)} FROM {table}"
 
 
-def duplicates_sql() -> str:
+def duplicates_sql(table: str = "steps") -> str:
     """Rows that repeat the (mdp_id, sequence_number) of another row: count and an example."""
     return (
         "SELECT sum(n - 1) AS n_dup, min(e) AS e_dup FROM ("
         "SELECT count(*) AS n, concat('mdp_id=', CAST(mdp_id AS STRING), ', sequence_number=', "
-        "CAST(sequence_number AS STRING)) AS e FROM steps "
+        f"CAST(sequence_number AS STRING)) AS e FROM {table} "
         "GROUP BY mdp_id, sequence_number HAVING count(*) > 1) AS d"
     )
 
@@ -164,17 +164,17 @@ def duplicates_sql() -> str:
 def raise_for_checks(source: str, counts: Mapping[str, object]) -> None:
     """Turn the results of `checks_sql` and `duplicates_sql` into one `DataError`, if any."""
     messages = {
-        "null_mdp_id": ("mdp_id", "rows are null (expected values)"),
-        "null_sequence_number": ("sequence_number", "rows are null (expected values)"),
-        "null_action": ("action", "rows are null (expected values)"),
-        "null_reward": ("reward", "rows are null (expected values)"),
-        "null_action_probability": ("action_probability", "rows are null (expected values)"),
+        "null_mdp_id": (" 'mdp_id'", "rows are null (expected values)"),
+        "null_sequence_number": (" 'sequence_number'", "rows are null (expected values)"),
+        "null_action": (" 'action'", "rows are null (expected values)"),
+        "null_reward": (" 'reward'", "rows are null (expected values)"),
+        "null_action_probability": (" 'action_probability'", "rows are null (expected values)"),
         "bad_propensity": (
-            "action_probability",
+            " 'action_probability'",
             "rows outside (0, 1] (a logging propensity must be positive and at most 1)",
         ),
         "dup": (
-            "mdp_id', 'sequence_number",
+            "s 'mdp_id', 'sequence_number'",
             "rows repeat the sequence number of another step of the same episode "
             "(expected unique pairs)",
         ),
@@ -183,7 +183,7 @@ def raise_for_checks(source: str, counts: Mapping[str, object]) -> None:
         n = counts.get(f"n_{rule}")
         if n:
             raise DataError(
-                f"{source}: column '{column}': {int(n)} {words}; e.g. {counts.get(f'e_{rule}')}"
+                f"{source}: column{column}: {int(n)} {words}; e.g. {counts.get(f'e_{rule}')}"
             )
 
 
@@ -216,12 +216,14 @@ def transitions_sql(
     eval_fraction: float = 0.0,
     seed: int = 0,
     order: bool = True,
+    table: str = "steps",
 ) -> str:
     """The transformation: one row per step, paired with the next step of its episode.
 
     next_* are the next step's values; on an episode's last step (the terminal row) they are
     an empty map / list (`next_state`: zeros of the same length) or null, and `time_diff`
-    is 1. `order`: sort the result by (mdp_id, sequence_number).
+    is 1. `order`: sort the result by (mdp_id, sequence_number). `table`: the step log's
+    table or view.
     """
     names = columns.names
     prop = columns.propensity()
@@ -243,12 +245,12 @@ def transitions_sql(
             terminal = "NULL"
         select[dst] = f"CASE WHEN {has_next} THEN LEAD({src}) OVER w ELSE {terminal} END"
     select["time_diff"] = (
-        "CAST(coalesce(LEAD(sequence_number) OVER w - sequence_number, 1) AS BIGINT)"
+        "CAST(coalesce((LEAD(sequence_number) OVER w) - sequence_number, 1) AS BIGINT)"
     )
     ordered = [c for c in OUTPUT_ORDER if c in select] + [c for c in select if c not in OUTPUT_ORDER]
     body = ",\n  ".join(f"{select[c]} AS {q(c)}" for c in ordered)
     sql = (
-        f"SELECT\n  {body}\nFROM (SELECT * FROM steps WHERE "
+        f"SELECT\n  {body}\nFROM (SELECT * FROM {table} WHERE "
         f"{split_condition(side, eval_fraction, seed)}) AS s\n"
         "WINDOW w AS (PARTITION BY mdp_id ORDER BY sequence_number)"
     )
