@@ -165,7 +165,15 @@ def measure(command: list[str]) -> dict[str, Any]:
 def command(engine: str, src: Path, out: Path, memory_limit: str) -> list[str]:
     train, evaluation = str(out / "train.parquet"), str(out / "eval.parquet")
     if engine == "baseline":
-        return [sys.executable, "-m", "benchmarks.bench_timeline", "--baseline-child", str(src), train, evaluation]
+        return [
+            sys.executable,
+            "-m",
+            "benchmarks.bench_timeline",
+            "--baseline-child",
+            str(src),
+            train,
+            evaluation,
+        ]
     args = ["--input", str(src), "--output", train, "--eval-output", evaluation, "--engine", engine]
     if engine == "duckdb":
         args += ["--memory-limit", memory_limit]
@@ -220,8 +228,12 @@ def main(argv: list[str] | None = None) -> None:
                 tables = {e: _rows(root / f"out_{e}_{steps}" / f"{side}.parquet") for e in engines}
                 first = tables[engines[0]]
                 same = all(t == first for t in tables.values())
-                print(f"{steps:,d} steps, {side}: {' = '.join(engines)}: {'same rows' if same else 'DIFFERENT'}")
-    print(f"peak RSS of this process: {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20:.2f} GiB")
+                print(
+                    f"{steps:,d} steps, {side}: {' = '.join(engines)}: {'same rows' if same else 'DIFFERENT'}"
+                )
+    print(
+        f"peak RSS of this process: {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20:.2f} GiB"
+    )
 
 
 if __name__ == "__main__":

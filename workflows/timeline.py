@@ -68,10 +68,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def _outputs(args: argparse.Namespace) -> dict[Side, Path]:
+def _outputs(args: argparse.Namespace) -> dict[Side, str]:
     if not args.eval_output:
-        return {"all": Path(args.output)}
-    return {"train": Path(args.output), "eval": Path(args.eval_output)}
+        return {"all": args.output}
+    return {"train": args.output, "eval": args.eval_output}
 
 
 def run(args: argparse.Namespace) -> dict[Side, int]:
@@ -91,7 +91,11 @@ def run(args: argparse.Namespace) -> dict[Side, int]:
 
     settings = DuckSettings(args.memory_limit, args.threads, args.temp_dir)
     return duck.write_sides(
-        args.input, outputs, eval_fraction=args.eval_fraction, seed=args.seed, settings=settings
+        args.input,
+        {side: Path(p) for side, p in outputs.items()},
+        eval_fraction=args.eval_fraction,
+        seed=args.seed,
+        settings=settings,
     )
 
 

@@ -36,7 +36,18 @@ from reagent_lite.timeline.query import (
 # every rank of a multi-GPU job its own row groups (docs/DISTRIBUTED.md).
 ROW_GROUP_SIZE = 16_384
 DEFAULT_MEMORY_LIMIT = "1GB"
-_INTEGER = {"TINYINT", "SMALLINT", "INTEGER", "BIGINT", "HUGEINT", "UTINYINT", "USMALLINT", "UINTEGER", "UBIGINT", "UHUGEINT"}
+_INTEGER = {
+    "TINYINT",
+    "SMALLINT",
+    "INTEGER",
+    "BIGINT",
+    "HUGEINT",
+    "UTINYINT",
+    "USMALLINT",
+    "UINTEGER",
+    "UBIGINT",
+    "UHUGEINT",
+}
 _FLOAT = {"FLOAT", "DOUBLE"}
 _FEATURE_MAP = "MAP(VARCHAR, DOUBLE)"
 _GUESSED_FROM_STRINGS = {"DATE", "TIME", "TIMESTAMP", "TIMESTAMP WITH TIME ZONE", "UUID"}
@@ -85,7 +96,9 @@ def connect(settings: DuckSettings) -> Iterator[duckdb.DuckDBPyConnection]:
         try:
             con.execute(f"SET memory_limit = '{settings.memory_limit}'")
         except duckdb.Error as err:
-            raise _flag_error("--memory-limit", settings.memory_limit, "a size such as 1GB or 512MB", err) from err
+            raise _flag_error(
+                "--memory-limit", settings.memory_limit, "a size such as 1GB or 512MB", err
+            ) from err
         if settings.threads is not None:
             con.execute(f"SET threads = {int(settings.threads)}")
         con.execute(f"SET temp_directory = '{_sql_string(spill)}'")

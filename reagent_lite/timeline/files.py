@@ -52,9 +52,7 @@ def step_files(path: str | os.PathLike[str]) -> tuple[StepFormat, list[Path]]:
     )
     if not files:
         raise DataError(f"{p}: no Parquet or JSON Lines files in this directory")
-    formats = {file_format(f) for f in files}
+    formats = {file_format(f) or "parquet" for f in files}  # None is filtered out above
     if len(formats) > 1:
         raise DataError(f"{p}: mixes Parquet and JSON Lines files; keep one format per directory")
-    fmt = formats.pop()
-    assert fmt is not None
-    return fmt, files
+    return formats.pop(), files

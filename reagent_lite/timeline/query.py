@@ -18,7 +18,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Literal, Protocol
+from typing import Any, Literal, Protocol
 
 from reagent_lite.errors import DataError
 
@@ -30,7 +30,13 @@ REQUIRED_COLUMNS = ("mdp_id", "sequence_number", "action", "reward", "possible_a
 STATE_COLUMNS = ("state_features", "state")
 PROPENSITY_COLUMNS = ("action_probability", "propensity")
 # Columns of a training table: a step log that has them is the wrong input.
-TRANSITION_COLUMNS = ("next_state_features", "next_state", "next_action", "possible_next_actions", "time_diff")
+TRANSITION_COLUMNS = (
+    "next_state_features",
+    "next_state",
+    "next_action",
+    "possible_next_actions",
+    "time_diff",
+)
 # Step columns whose value at the next step becomes a transition's next_* column.
 PAIRED = {
     "state_features": "next_state_features",
@@ -146,7 +152,11 @@ def checks_sql(columns: StepColumns, table: str = "steps") -> str:
     parts = []
     for name, cond in rules.items():
         parts.append(f"sum(CASE WHEN {cond} THEN 1 ELSE 0 END) AS n_{name}")
-        value = f"concat({example}, ', value=', CAST({prop} AS STRING))" if name == "bad_propensity" else example
+        value = (
+            f"concat({example}, ', value=', CAST({prop} AS STRING))"
+            if name == "bad_propensity"
+            else example
+        )
         parts.append(f"min(CASE WHEN {cond} THEN {value} END) AS e_{name}")
     return f"SELECT {', '.join(parts)} FROM {table}"
 
@@ -161,7 +171,7 @@ def duplicates_sql(table: str = "steps") -> str:
     )
 
 
-def raise_for_checks(source: str, counts: Mapping[str, object]) -> None:
+def raise_for_checks(source: str, counts: Mapping[str, Any]) -> None:
     """Turn the results of `checks_sql` and `duplicates_sql` into one `DataError`, if any."""
     messages = {
         "null_mdp_id": (" 'mdp_id'", "rows are null (expected values)"),
@@ -247,7 +257,9 @@ def transitions_sql(
     select["time_diff"] = (
         "CAST(coalesce((LEAD(sequence_number) OVER w) - sequence_number, 1) AS BIGINT)"
     )
-    ordered = [c for c in OUTPUT_ORDER if c in select] + [c for c in select if c not in OUTPUT_ORDER]
+    ordered = [c for c in OUTPUT_ORDER if c in select] + [
+        c for c in select if c not in OUTPUT_ORDER
+    ]
     body = ",\n  ".join(f"{select[c]} AS {q(c)}" for c in ordered)
     sql = (
         f"SELECT\n  {body}\nFROM (SELECT * FROM {table} WHERE "

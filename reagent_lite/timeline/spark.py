@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from reagent_lite.errors import ConfigError, DataError
-from reagent_lite.timeline.files import step_files
+from reagent_lite.timeline.files import file_format, step_files
 from reagent_lite.timeline.query import (
     Kind,
     Side,
@@ -141,8 +141,13 @@ def read_steps(spark: SparkSession, path: str | os.PathLike[str]) -> DataFrame:
     """A step log (Parquet, or JSON Lines whose objects are read as feature maps)."""
     from pyspark.sql import types as T
 
-    fmt, files = step_files(path)
-    paths = [str(f) for f in files]
+    text = str(path)
+    if is_uri(text):  # hdfs://, s3a://, ...: Spark lists it; the name tells the format
+        fmt = "json" if file_format(Path(text.rstrip("/"))) == "json" else "parquet"
+        paths = [text]
+    else:
+        fmt, files = step_files(path)
+        paths = [str(f) for f in files]
     if fmt == "parquet":
         return spark.read.parquet(*paths)
     inferred = spark.read.json(paths).schema
@@ -151,7 +156,9 @@ def read_steps(spark: SparkSession, path: str | os.PathLike[str]) -> DataFrame:
     def as_maps(dtype: Any) -> Any:
         if isinstance(dtype, T.StructType | T.MapType):
             return feature_map
-        if isinstance(dtype, T.ArrayType) and isinstance(dtype.elementType, T.StructType | T.MapType):
+        if isinstance(dtype, T.ArrayType) and isinstance(
+            dtype.elementType, T.StructType | T.MapType
+        ):
             return T.ArrayType(feature_map)
         return dtype
 
@@ -172,15 +179,21 @@ def session() -> SparkSession:
     return builder.getOrCreate()
 
 
+def is_uri(path: str) -> bool:
+    """A path with a scheme (`hdfs://...`, `s3a://...`), not one on this machine."""
+    return "://" in path and not path.startswith("file://")
+
+
 def write_sides(
     input_path: str | os.PathLike[str],
-    outputs: dict[Side, Path],
+    outputs: dict[Side, str],
     *,
     eval_fraction: float,
     seed: int,
 ) -> dict[Side, int]:
-    """Check the step log, then write each side as a directory of Parquet part files
-    (into a temporary directory beside it, renamed into place when complete)."""
+    """Check the step log, then write each side as a directory of Parquet part files: a
+    local path into a temporary directory beside it, renamed into place when complete; a
+    URI (`hdfs://...`) by Spark's own committer, replacing what is there."""
     require_spark()
     from pyspark.errors import PySparkException
 
@@ -191,22 +204,30 @@ def write_sides(
     except PySparkException as err:
         raise DataError(f"{input_path}: cannot read step logs ({_first_line(err)})") from err
     written: dict[Side, int] = {}
-    for side, path in outputs.items():
+    for side, target in outputs.items():
         table = timeline(steps, side=side, eval_fraction=eval_fraction, seed=seed, check=False)
-        tmp = path.with_name(f".{path.name}.tmp-{uuid.uuid4().hex[:8]}")
         try:
-            table.write.parquet(str(tmp))
-            if path.is_dir():
-                shutil.rmtree(path)
-            elif path.exists():
-                path.unlink()
-            os.replace(tmp, path)
+            if is_uri(target):
+                table.write.mode("overwrite").parquet(target)
+            else:
+                _write_local(table, Path(target))
         except PySparkException as err:
             raise DataError(f"{input_path}: {_first_line(err)}") from err
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
-        written[side] = spark.read.parquet(str(path)).count()
+        written[side] = spark.read.parquet(target).count()
     return written
+
+
+def _write_local(table: DataFrame, path: Path) -> None:
+    tmp = path.with_name(f".{path.name}.tmp-{uuid.uuid4().hex[:8]}")
+    try:
+        table.write.parquet(str(tmp))
+        if path.is_dir():
+            shutil.rmtree(path)
+        elif path.exists():
+            path.unlink()
+        os.replace(tmp, path)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def _first_line(err: Exception) -> str:

@@ -11,7 +11,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from reagent_lite.errors import ConfigError, DataError
-from reagent_lite.timeline import DuckSettings, ROW_GROUP_SIZE, build_training_table
+from reagent_lite.timeline import ROW_GROUP_SIZE, DuckSettings, build_training_table
 from reagent_lite.timeline.duck import write_sides
 from tests.conftest import run_module
 from tests.timeline.conftest import oracle, sorted_rows, write_jsonl, write_parts
@@ -46,8 +46,9 @@ def test_cli_writes_the_same_rows_as_the_in_memory_implementation(steps, tmp_pat
 
 
 def test_row_groups_are_small_enough_for_sharding(tmp_path) -> None:
-    from benchmarks.bench_timeline import step_log
     import numpy as np
+
+    from benchmarks.bench_timeline import step_log
 
     big = step_log(np.random.default_rng(1), 0, 2_500)  # ~50k steps
     pq.write_table(big, tmp_path / "steps.parquet")
@@ -98,7 +99,9 @@ def test_json_lines_step_logs(steps, tmp_path, name: str) -> None:
     [
         (lambda t: t.drop_columns(["reward"]), ["missing column(s) 'reward'"]),
         (
-            lambda t: t.set_column(1, "sequence_number", pa.compute.cast(t["sequence_number"], pa.float64())),
+            lambda t: t.set_column(
+                1, "sequence_number", pa.compute.cast(t["sequence_number"], pa.float64())
+            ),
             ["column 'sequence_number' has type DOUBLE; expected an integer"],
         ),
         (
@@ -106,11 +109,13 @@ def test_json_lines_step_logs(steps, tmp_path, name: str) -> None:
             ["columns 'mdp_id', 'sequence_number'", "1 rows repeat", "e.g. mdp_id="],
         ),
         (
-            lambda t: t.set_column(0, "mdp_id", pa.array([None] + t["mdp_id"].to_pylist()[1:])),
+            lambda t: t.set_column(0, "mdp_id", pa.array([None, *t["mdp_id"].to_pylist()[1:]])),
             ["column 'mdp_id': 1 rows are null", "e.g. mdp_id=null, sequence_number="],
         ),
         (
-            lambda t: t.set_column(6, "action_probability", pa.array([0.0] + t["action_probability"].to_pylist()[1:])),
+            lambda t: t.set_column(
+                6, "action_probability", pa.array([0.0, *t["action_probability"].to_pylist()[1:]])
+            ),
             ["column 'action_probability': 1 rows outside (0, 1]", ", value=0.0"],
         ),
     ],
@@ -134,7 +139,9 @@ def test_bad_flags_exit_2(steps, tmp_path) -> None:
     base = ("--input", str(tmp_path / "s.parquet"), "--output", str(tmp_path / "t.parquet"))
     rc, text = run_cli(*base, "--memory-limit", "lots")
     assert rc == 2 and "--memory-limit" in text and "'lots'" in text, text
-    rc, text = run_cli(*base, "--eval-output", str(tmp_path / "e.parquet"), "--eval-fraction", "1.5")
+    rc, text = run_cli(
+        *base, "--eval-output", str(tmp_path / "e.parquet"), "--eval-fraction", "1.5"
+    )
     assert rc == 2 and "--eval-fraction" in text, text
     rc, text = run_cli(*base, "--engine", "flink")
     assert rc == 2 and "invalid choice" in text

@@ -74,7 +74,7 @@ def test_command_writer_json_lines_and_dense_states(spark, steps, tmp_path) -> N
     dense = steps.append_column("state", pa.array([[float(i), 1.0] for i in range(steps.num_rows)]))
     dense = dense.drop_columns(["state_features"])
     src = write_jsonl(dense, tmp_path / "steps.jsonl")
-    outputs = {"all": tmp_path / "all.parquet"}
+    outputs = {"all": str(tmp_path / "all.parquet")}
     written = engine.write_sides(src, outputs, eval_fraction=0.0, seed=0)
     assert written == {"all": dense.num_rows}
     got = read_dir(outputs["all"])
@@ -87,11 +87,13 @@ def test_bad_input_is_one_data_error(spark, steps, tmp_path) -> None:
     pq.write_table(dup, tmp_path / "logs.parquet")
     with pytest.raises(DataError) as info:
         engine.write_sides(
-            tmp_path / "logs.parquet", {"all": tmp_path / "t"}, eval_fraction=0.0, seed=0
+            tmp_path / "logs.parquet", {"all": str(tmp_path / "t")}, eval_fraction=0.0, seed=0
         )
     row = steps.slice(5, 1).to_pylist()[0]
     assert str(info.value).startswith(f"{tmp_path / 'logs.parquet'}: columns 'mdp_id', ")
-    assert f"e.g. mdp_id={row['mdp_id']}, sequence_number={row['sequence_number']}" in str(info.value)
+    assert f"e.g. mdp_id={row['mdp_id']}, sequence_number={row['sequence_number']}" in str(
+        info.value
+    )
     assert not (tmp_path / "t").exists()
     missing = spark.read.parquet(str(tmp_path / "logs.parquet")).drop("reward")
     with pytest.raises(DataError, match="missing column\\(s\\) 'reward'"):
@@ -102,7 +104,14 @@ def test_missing_pyspark_or_java_is_exit_2(monkeypatch, steps, tmp_path) -> None
     from workflows.timeline import main
 
     pq.write_table(steps, tmp_path / "s.parquet")
-    args = ["--input", str(tmp_path / "s.parquet"), "--output", str(tmp_path / "t"), "--engine", "spark"]
+    args = [
+        "--input",
+        str(tmp_path / "s.parquet"),
+        "--output",
+        str(tmp_path / "t"),
+        "--engine",
+        "spark",
+    ]
     monkeypatch.setitem(sys.modules, "pyspark", None)  # as if not installed
     with pytest.raises(ConfigError, match=r"pip install 'reagent-lite\[spark\]'"):
         engine.require_spark()
