@@ -32,7 +32,10 @@ def test_gym_sample_data_from_config_like_object(tmp_path) -> None:
     assert evaluation.num_rows > 0
     # Keywords win over the block; a mapping works as well as an object.
     again = generate_sample_data(
-        {"kind": "gym", "episodes": 60, "seed": 0}, episodes=10, output_dir=tmp_path / "b"
+        # eval_fraction 0.3: 10 episodes are few for the hashed split (0.1 draws none of them).
+        {"kind": "gym", "episodes": 60, "seed": 0, "eval_fraction": 0.3},
+        episodes=10,
+        output_dir=tmp_path / "b",
     )
     assert again.summary["episodes"] == 10
 
