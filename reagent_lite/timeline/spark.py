@@ -173,10 +173,10 @@ def session() -> SparkSession:
     active = SparkSession.getActiveSession()
     if active is not None:
         return active
+    # No master here: under spark-submit the session is the cluster's, and a plain Python
+    # process gets Spark's default, local mode on every core.
     builder = SparkSession.builder.appName("reagent-lite-timeline")
-    if "SPARK_MASTER" not in os.environ and not os.environ.get("PYSPARK_SUBMIT_ARGS"):
-        builder = builder.master("local[*]")
-    return builder.getOrCreate()
+    return builder.config("spark.ui.showConsoleProgress", "false").getOrCreate()
 
 
 def is_uri(path: str) -> bool:
