@@ -62,13 +62,13 @@ def test_row_groups_are_small_enough_for_sharding(tmp_path) -> None:
     assert max(sizes) <= ROW_GROUP_SIZE and len(sizes) >= 3
 
 
-def test_out_of_core_gives_the_same_rows(tmp_path) -> None:
-    """A memory limit near the data's size (one thread): DuckDB may spill, and still agrees."""
+def test_small_memory_limit_gives_the_same_rows(tmp_path) -> None:
+    """A small memory limit on one thread (how a shared machine runs it): the same rows."""
     import numpy as np
 
     from benchmarks.bench_timeline import step_log
 
-    big = step_log(np.random.default_rng(2), 0, 2_000)  # ~40k steps, 8 MB as Arrow
+    big = step_log(np.random.default_rng(2), 0, 1_000)  # ~20k steps
     src = write_parts(big, tmp_path / "steps", parts=4)
     spill = tmp_path / "spill"
     spill.mkdir()
