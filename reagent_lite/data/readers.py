@@ -326,13 +326,17 @@ def iter_parquet_rows(
     if not groups:
         return
     pos = first_row
-    for batch in pf.iter_batches(batch_size=65536, row_groups=groups, columns=cols):
-        a, b = max(start, pos), min(stop, pos + batch.num_rows)
-        if a < b:
-            yield batch.slice(a - pos, b - a)
-        pos += batch.num_rows
-        if pos >= stop:
-            break
+    # One row group per call: a batch that spans row groups makes pyarrow join their
+    # dictionaries, which it cannot do for dictionary-read list/map columns ("Nested data
+    # conversions not implemented for chunked array outputs").
+    for g in groups:
+        for batch in pf.iter_batches(batch_size=65536, row_groups=[g], columns=cols):
+            a, b = max(start, pos), min(stop, pos + batch.num_rows)
+            if a < b:
+                yield batch.slice(a - pos, b - a)
+            pos += batch.num_rows
+            if pos >= stop:
+                return
 
 
 def read_piece(piece: ShardPiece, columns: Sequence[str] | None = None) -> pa.Table:

@@ -265,3 +265,29 @@ def test_an_error_in_a_directory_of_part_files_names_the_part(tmp_path: Path) ->
     with pytest.raises(DataError) as one:
         ingest_dqn(parts / "part-1.parquet", [(0, 1)])
     assert "(e.g. row 3: -1.0)" in str(one.value)
+
+
+def test_row_range_across_row_groups_with_dictionary_read_lists(tmp_path: Path) -> None:
+    """A rank's row range that spans row groups, on columns read as dictionaries (action
+    names, candidate lists): read one row group per call — a batch across row groups fails
+    in pyarrow ("Nested data conversions not implemented for chunked array outputs")."""
+    from reagent_lite.data.ingest import piece_batches
+    from reagent_lite.data.readers import shard_plan
+
+    n = 30
+    table = pa.table(
+        {
+            "row_id": pa.array(range(n), pa.int64()),
+            "action": pa.array([ACTIONS[i % 2] for i in range(n)]),
+            "possible_actions": pa.array([list(ACTIONS[: 1 + i % 2]) for i in range(n)]),
+        }
+    )
+    path = tmp_path / "t.parquet"
+    pq.write_table(table, path, row_group_size=10)
+    plan = shard_plan(path, 4)
+    seen = []
+    for spec in plan:
+        (piece,) = spec.pieces
+        assert piece.kind == "rows"
+        seen += [r for t in piece_batches(piece) for r in t["row_id"].to_pylist()]
+    assert seen == list(range(n))
