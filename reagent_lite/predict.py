@@ -3,7 +3,8 @@
     python -m reagent_lite.predict --model outputs/cartpole_dqn --data eval.parquet \
         --output scores.parquet        # or .csv / .jsonl: the extension picks the format
 
-dqn adds `q_values` (in the order of `actions`) and `best_action`; parametric_dqn adds
+dqn adds `q_values` (in the order of `actions`) and `best_action` (the best of the row's
+`possible_actions` when the table has them, else of all actions); parametric_dqn adds
 `candidate_scores` (one per entry of `possible_actions`), `ranked_candidates` (indices,
 best first) and `best_candidate`.
 """

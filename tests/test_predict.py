@@ -71,3 +71,34 @@ def test_state_in_the_models_order() -> None:
     np.testing.assert_array_equal(state_matrix(dense, "state", ids, "s"), [[3, 1], [6, 4]])
     with pytest.raises(DataError, match="s: column 'state': dense feature lists of 2 values"):
         state_matrix(pa.table({"state": pa.array([[1.0, 2.0]])}), "state", ids, "s")
+
+
+def test_best_action_is_the_best_of_the_rows_candidates() -> None:
+    """`best_action` is the served policy CPE evaluates: the best of the row's
+    `possible_actions` (names or 0/1 masks), ties to the first, null for a row without a
+    candidate; the best of all actions only for a table without the column."""
+    import torch
+
+    from reagent_lite.kinds import FeatureSpace, get_kind
+
+    space = FeatureSpace(state_ids=["0"], actions=["a", "b", "c"])
+    q = torch.tensor([[3.0, 2.0, 1.0], [3.0, 2.0, 2.0], [1.0, 5.0, 0.0], [0.0, 1.0, 9.0]])
+
+    def program(values: torch.Tensor, presence: torch.Tensor) -> torch.Tensor:
+        return q[values[:, 0].long()]
+
+    state = (torch.arange(4.0).unsqueeze(1), torch.ones(4, 1))
+    kind = get_kind("dqn")
+    base = pa.table({"state": pa.array([[float(i)] for i in range(4)])})
+
+    def best(candidates: pa.Array | None) -> list[str | None]:
+        table = base if candidates is None else base.append_column("possible_actions", candidates)
+        scored = kind.score_rows(program, table, state, space, 2, "s")
+        return scored.column("best_action").to_pylist()
+
+    assert best(None) == ["a", "a", "b", "c"]
+    names = pa.array([["b", "c"], ["c", "b"], ["a", "c"], []])
+    assert best(names) == ["b", "b", "a", None]  # row 1: b and c tie, b comes first
+    assert best(pa.array([[0, 1, 1], [0, 1, 1], [1, 0, 1], [0, 0, 0]])) == ["b", "b", "a", None]
+    with pytest.raises(DataError, match=r"s: column 'possible_actions'.*unknown action name"):
+        best(pa.array([["b", "z"], ["a"], ["a"], ["a"]]))

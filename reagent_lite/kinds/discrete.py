@@ -16,6 +16,7 @@ from reagent_lite.data.checks import Problems, Rule, name_rows
 from reagent_lite.data.discrete_shard import DiscreteShard, DiscreteShardBuilder
 from reagent_lite.data.ingest import Layout
 from reagent_lite.data.readers import ShardPiece
+from reagent_lite.data.scatter import actions_mask
 from reagent_lite.data.schema import (
     STATE_COLUMNS,
     Field,
@@ -29,6 +30,7 @@ from reagent_lite.data.scoring import STATE as STATE_FIELD
 from reagent_lite.data.scoring import run_batched
 from reagent_lite.data.shard_builder import IngestedShard
 from reagent_lite.data.tensordict import TensorDict
+from reagent_lite.data.validate import ShardValidation
 from reagent_lite.data.windows import scan_units
 from reagent_lite.distributed.context import DistContext
 from reagent_lite.kinds.base import Actor, FeatureSpace, Kind, agree_ids, sample_nan_rows
@@ -148,11 +150,20 @@ class DiscreteKind(Kind[DQNWorkflowConfig]):
         batch_size: int,
         source: str,
     ) -> pa.Table:
-        """Adds `q_values` (in the order of `actions`) and `best_action`."""
+        """Adds `q_values` (in the order of `actions`) and `best_action`: the best of the
+        row's `possible_actions` when the table has that column (the policy CPE evaluates
+        and the online check plays; ties to the first, as `torch.argmax`), null for a row
+        whose candidate list is empty; the best of all actions without the column."""
         parts = run_batched(program, state, batch_size)
         q = torch.cat(parts).numpy() if parts else np.zeros((0, len(space.actions)), np.float32)
         actions = np.asarray(space.actions, dtype=object)
-        best = actions[q.argmax(axis=1)] if len(q) else np.asarray([], dtype=object)
+        mask = scored_candidates(table, space.actions, source)
+        if mask is None:
+            best = actions[q.argmax(axis=1)] if len(q) else np.asarray([], dtype=object)
+        else:
+            lowest = np.finfo(np.float32).min  # not −inf: a −inf Q must still be pickable
+            choice = np.where(mask > 0, q, lowest).argmax(axis=1)
+            best = np.where(mask.any(axis=1), actions[choice], None)
         return table.append_column(
             "q_values", pa.array(list(q), type=pa.list_(pa.float32()))
         ).append_column("best_action", pa.array(best.tolist(), type=pa.string()))
@@ -182,6 +193,20 @@ class DiscreteServingModule(nn.Module):
 
 
 # ----------------------------------------------------------------------------- schema
+
+
+def scored_candidates(table: pa.Table, actions: Sequence[str], source: str) -> np.ndarray | None:
+    """[N, A] 0/1 mask of each row's `possible_actions` in a table to score (None without
+    the column), once the column passes the training rules; a `DataError` naming `source`
+    if not."""
+    if "possible_actions" not in table.column_names:
+        return None
+    names = list(actions)
+    candidates = next(f for f in dqn_schema(names).fields if f.name == "possible_actions")
+    check = ShardValidation(TableSchema("scoring with a dqn model", (candidates,)), source=source)
+    check.check(table.select(["possible_actions"]))
+    check.finish(allow_empty=True)
+    return actions_mask(table.column("possible_actions"), names, source)
 
 
 def _no_action(actions: Sequence[str]) -> Rule:
