@@ -71,8 +71,6 @@ HORIZON_IGNORED: dict[str, dict[str, CompatKey]] = {
         "multi_steps": CompatKey("multi-step returns are not supported", (None, 1)),
     },
     "rainbow": {
-        "bcq": CompatKey("BCQ is not supported", (False, 0)),
-        "bcq_drop_threshold": CompatKey("BCQ is not supported"),
         "categorical": CompatKey("C51 is not supported", (False, 0)),
         "num_atoms": CompatKey("C51 is not supported"),
         "qmin": CompatKey("C51 is not supported"),
@@ -262,6 +260,7 @@ def migrate_horizon(data: dict[str, Any], source: str = "<config>") -> dict[str,
                 source,
                 ", in_training_cpe.".join(sorted(value)),
             )
+    data = _migrate_bcq(data, source)
     norm = data.get("norm_params")
     if isinstance(norm, dict):
         for key in ("output_dir", "cols_to_norm"):
@@ -306,6 +305,27 @@ def migrate_horizon(data: dict[str, Any], source: str = "<config>") -> dict[str,
     if problems:
         raise ConfigError("\n".join(problems))
     return data
+
+
+def _migrate_bcq(data: dict[str, Any], source: str) -> dict[str, Any]:
+    """Horizon's `rainbow.bcq` switch + `rainbow.bcq_drop_threshold` (default 0.1) as our
+    `rainbow.bcq_drop_threshold` (null = off): Horizon configs carry the threshold even
+    with the switch off."""
+    rainbow = data.get("rainbow")
+    if not isinstance(rainbow, dict) or "bcq" not in rainbow:
+        return data
+    rainbow = dict(rainbow)
+    on = rainbow.pop("bcq")
+    if on:
+        rainbow["bcq_drop_threshold"] = rainbow.get("bcq_drop_threshold", 0.1)
+    else:
+        rainbow["bcq_drop_threshold"] = None
+    logger.info(
+        "%s: rainbow.bcq (Horizon) read as rainbow.bcq_drop_threshold=%s",
+        source,
+        rainbow["bcq_drop_threshold"],
+    )
+    return {**data, "rainbow": rainbow}
 
 
 def _check_workflow_kind(data: dict[str, Any], cls: type[BaseModel], source: str) -> None:

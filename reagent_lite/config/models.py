@@ -145,6 +145,17 @@ class RainbowParameters(_Model):
     dueling_architecture: bool = Field(
         default=False, description="Dueling value/advantage heads (discrete actions only)."
     )
+    bcq_drop_threshold: float | None = Field(
+        default=None,
+        gt=0.0,
+        lt=1.0,
+        description="Discrete BCQ (dqn workflow only), a conservative alternative to "
+        "training.cql_alpha: an imitation network learns the logged actions in the same "
+        "optimizer step as the Q-network, and an action whose imitation probability is "
+        "below this fraction of the state's most likely action's is dropped from the "
+        "next-state max and from the served policy (model.pt2 returns the lowest float "
+        "for it). In (0, 1), e.g. 0.3; null = off.",
+    )
 
 
 class TrainingParameters(_Model):
@@ -320,6 +331,14 @@ class SampleDataParameters(_Model):
     )
     epsilon: float = Field(
         default=0.1, ge=0.0, le=1.0, description="ε of the epsilon_greedy logging policy."
+    )
+    random_episode_fraction: float = Field(
+        default=0.0,
+        ge=0.0,
+        le=1.0,
+        description="Fraction of the episodes played uniformly at random instead of by "
+        "`policy` (drawn per episode; each row's propensity is that of the policy that "
+        "played it): logs of a mix of behaviours (kind = gym).",
     )
     seed: int = Field(default=0, description="Seed of the environment and the logging policy.")
     eval_fraction: float = Field(
@@ -772,6 +791,12 @@ class ParametricDQNWorkflowConfig(BaseWorkflowConfig):
                 ("rainbow", "dueling_architecture"),
                 "not supported by parametric_dqn (one Q-value per candidate)",
                 True,
+            )
+        if self.rainbow.bcq_drop_threshold is not None:
+            raise ConfigProblem(
+                ("rainbow", "bcq_drop_threshold"),
+                "not supported by parametric_dqn (BCQ imitates a fixed set of actions)",
+                self.rainbow.bcq_drop_threshold,
             )
         return self
 

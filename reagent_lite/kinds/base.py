@@ -178,6 +178,12 @@ class Kind(ABC, Generic[C]):
     def build_q_network(self, cfg: C, dims: dict[str, int], space: FeatureSpace) -> nn.Module:
         """The Q-network; `dims`: the width of each preprocessor group's output."""
 
+    def build_policy_network(self, cfg: C, dims: dict[str, int], space: FeatureSpace) -> nn.Module:
+        """The network the run trains and exports: the Q-network, or what the config wraps
+        around it (the dqn kind's BCQ imitation network); side models (CPE) are plain
+        `build_q_network`s."""
+        return self.build_q_network(cfg, dims, space)
+
     @abstractmethod
     def build_trainer(
         self, q_net: nn.Module, cfg: C, space: FeatureSpace, unwrapped: nn.Module

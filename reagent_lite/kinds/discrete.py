@@ -35,6 +35,7 @@ from reagent_lite.data.windows import scan_units
 from reagent_lite.distributed.context import DistContext
 from reagent_lite.kinds.base import Actor, FeatureSpace, Kind, agree_ids, sample_nan_rows
 from reagent_lite.models import build_q_network
+from reagent_lite.models.bcq import BCQQNetwork
 from reagent_lite.normalization.module import Preprocessor
 from reagent_lite.trainers.dqn import DQNTrainer
 
@@ -114,6 +115,25 @@ class DiscreteKind(Kind[DQNWorkflowConfig]):
             layer_norm=t.layer_norm,
             dueling=cfg.rainbow.dueling_architecture,
         )
+
+    def build_policy_network(
+        self, cfg: DQNWorkflowConfig, dims: dict[str, int], space: FeatureSpace
+    ) -> nn.Module:
+        q_net = self.build_q_network(cfg, dims, space)
+        threshold = cfg.rainbow.bcq_drop_threshold
+        if threshold is None:
+            return q_net
+        t = cfg.training
+        # The imitation network: the Q-network's shape (never dueling), its own weights.
+        imitator = build_q_network(
+            in_dim=dims["state"],
+            n_actions=len(space.actions),
+            layers=list(t.layers),
+            activations=list(t.activations),
+            dropout_ratio=t.dropout_ratio,
+            layer_norm=t.layer_norm,
+        )
+        return BCQQNetwork(q_net, imitator, threshold)
 
     def build_trainer(
         self, q_net: nn.Module, cfg: DQNWorkflowConfig, space: FeatureSpace, unwrapped: nn.Module
@@ -199,7 +219,9 @@ def scored_candidates(table: pa.Table, actions: Sequence[str], source: str) -> n
     """[N, A] 0/1 mask of each row's `possible_actions` in a table to score (None without
     the column), once the column passes the training rules; a `DataError` naming `source`
     if not."""
-    if "possible_actions" not in table.column_names:
+    if "possible_actions" not in table.column_names or pa.types.is_null(
+        table.schema.field("possible_actions").type
+    ):  # (JSON Lines: a column of nulls throughout states no candidates)
         return None
     names = list(actions)
     candidates = next(f for f in dqn_schema(names).fields if f.name == "possible_actions")

@@ -259,6 +259,10 @@ class TransitionBatch(Protocol):
 
 BatchT = TypeVar("BatchT", bound=TransitionBatch)
 
+# What a trainer's `_q_logged` returns: Q of the logged action [B], Q of the candidates
+# [B, K] and a loss of its own to add to the step's (BCQ's imitation loss), or None.
+QLogged = tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]
+
 
 class QLearningTrainer(Generic[BatchT]):
     """Shared trainer: target net, optimizer, scheduler, loss, step and soft updates.
@@ -296,9 +300,10 @@ class QLearningTrainer(Generic[BatchT]):
         return [self.online, self.target]
 
     # -- the per-workflow part --------------------------------------------------------------
-    def _q_logged(self, batch: BatchT, net: nn.Module) -> tuple[torch.Tensor, torch.Tensor]:
+    def _q_logged(self, batch: BatchT, net: nn.Module) -> QLogged:
         """(Q of logged action [B] by `net` (`q_net` or `online`), Q of the current
-        candidates [B, K] — what CQL regularises, masked by `batch.possible_actions_mask`)."""
+        candidates [B, K] — what CQL regularises, masked by `batch.possible_actions_mask` —,
+        and a loss the subclass adds from the same forward, or None)."""
         raise NotImplementedError
 
     def _next_value(self, batch: BatchT) -> torch.Tensor:
@@ -339,7 +344,7 @@ class QLearningTrainer(Generic[BatchT]):
         the logged action, averaged over the batch.
         """
         target = self.compute_target(batch)
-        q, candidate_q = self._q_logged(batch, self.q_net if net is None else net)
+        q, candidate_q, own_loss = self._q_logged(batch, self.q_net if net is None else net)
         td = td_loss(q, target, self.hp.q_network_loss)
         if self.hp.cql_alpha > 0.0:
             # The mask is read only here: without CQL its rows are never gathered.
@@ -348,6 +353,8 @@ class QLearningTrainer(Generic[BatchT]):
         else:
             cql = torch.zeros((), device=q.device, dtype=q.dtype)
             total = td
+        if own_loss is not None:  # e.g. BCQ's imitation network, trained in the same step
+            total = total + own_loss
         return DQNLoss(td.detach(), cql.detach(), total, q.detach().mean())
 
     def train_step(

@@ -1,7 +1,11 @@
 """DQN over a discrete action set: Q(s) → [B, A], targets from the masked next-state max.
 
 Only Q of the logged action and the next-state value are specific to this trainer; the
-loss, optimizer, accumulation and target updates are in `common.py`.
+loss, optimizer, accumulation and target updates are in `common.py`. With a BCQ network
+(`models/bcq.py`, `rainbow.bcq_drop_threshold`) the same step also trains its imitation
+network on the logged actions (cross-entropy, added to the loss: the two networks share no
+parameter, so each gets only its own gradient), and the next-state max runs over the
+actions the imitation network allows.
 """
 
 from __future__ import annotations
@@ -10,13 +14,16 @@ from collections.abc import Mapping, Sequence
 from typing import Protocol
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from reagent_lite.config import DQNWorkflowConfig
 from reagent_lite.errors import ConfigError
+from reagent_lite.models.bcq import BCQQNetwork
 from reagent_lite.trainers.common import (
     DQNHyperParams,
     QLearningTrainer,
+    QLogged,
     double_q_value,
     masked_max,
 )
@@ -79,6 +86,8 @@ class DQNTrainer(QLearningTrainer[DiscreteBatch]):
     ) -> None:
         super().__init__(q_net, hparams, unwrapped=unwrapped)
         self.n_actions = int(n_actions)
+        # BCQ: the online network's imitator decides which next actions the max may take.
+        self.bcq: BCQQNetwork | None = self.online if isinstance(self.online, BCQQNetwork) else None
         self.reward_boost: torch.Tensor | None = None
         if reward_boost_vector is not None:
             if reward_boost_vector.shape != (self.n_actions,):
@@ -109,11 +118,18 @@ class DQNTrainer(QLearningTrainer[DiscreteBatch]):
             return batch.reward
         return batch.reward + self.reward_boost[batch.action]
 
-    def _q_logged(self, batch: DiscreteBatch, net: nn.Module) -> tuple[torch.Tensor, torch.Tensor]:
-        q_all = net(batch.state)
-        return q_all.gather(1, batch.action.unsqueeze(1)).squeeze(1), q_all
+    def _q_logged(self, batch: DiscreteBatch, net: nn.Module) -> QLogged:
+        logged = batch.action.unsqueeze(1)
+        if self.bcq is None:
+            q_all = net(batch.state)
+            return q_all.gather(1, logged).squeeze(1), q_all, None
+        q_all, logits = BCQQNetwork.split(net(batch.state, imitation=True))
+        imitation = F.cross_entropy(logits.float(), batch.action)
+        return q_all.gather(1, logged).squeeze(1), q_all, imitation
 
     def _next_value(self, batch: DiscreteBatch) -> torch.Tensor:
+        if self.bcq is not None:
+            return self._bcq_next_value(batch)
         target_q = self.target(batch.next_state)
         if not self.hp.maxq_learning:
             # SARSA: the logged next action; rows without one (−1) are worth nothing.
@@ -125,3 +141,20 @@ class DQNTrainer(QLearningTrainer[DiscreteBatch]):
             return masked_max(target_q, mask)[0]
         # Double Q: the online net picks the action, the target net values it.
         return double_q_value(self.online(batch.next_state), target_q, mask)
+
+    def _bcq_next_value(self, batch: DiscreteBatch) -> torch.Tensor:
+        """`_next_value` over the raw Q of both networks, the max restricted to the next
+        state's candidates that the online imitator allows (a row where it allows none of
+        them is worth 0, as a row without candidates; the served policy then plays the
+        first candidate). SARSA's logged next action is valued as is."""
+        assert self.bcq is not None
+        target_q = BCQQNetwork.split(self.target(batch.next_state, imitation=True))[0]
+        if not self.hp.maxq_learning:
+            na = batch.next_action
+            value = target_q.gather(1, na.clamp(min=0).unsqueeze(1)).squeeze(1)
+            return torch.where(na >= 0, value, torch.zeros_like(value))
+        online_q, logits = BCQQNetwork.split(self.bcq(batch.next_state, imitation=True))
+        mask = batch.possible_next_actions_mask * self.bcq.allowed(logits)
+        if not self.hp.double_q_learning:
+            return masked_max(target_q, mask)[0]
+        return double_q_value(online_q, target_q, mask)

@@ -16,6 +16,7 @@ from reagent_lite.config import BaseWorkflowConfig
 from reagent_lite.trainers.common import (
     DQNHyperParams,
     QLearningTrainer,
+    QLogged,
     double_q_value,
     masked_max,
 )
@@ -73,15 +74,13 @@ class ParametricDQNTrainer(QLearningTrainer[ParametricBatch]):
         no_next = (batch.possible_next_actions_mask > 0).any(dim=1).logical_not()
         return torch.maximum(batch.terminal, no_next.to(batch.terminal.dtype))
 
-    def _q_logged(
-        self, batch: ParametricBatch, net: nn.Module
-    ) -> tuple[torch.Tensor, torch.Tensor]:
+    def _q_logged(self, batch: ParametricBatch, net: nn.Module) -> QLogged:
         logged = batch.action.unsqueeze(1)
         if self.hp.cql_alpha > 0.0:
             scores = net(batch.state, torch.cat([logged, batch.possible_actions], dim=1))
-            return scores[:, 0], scores[:, 1:]
+            return scores[:, 0], scores[:, 1:], None
         q = net(batch.state, logged)[:, 0]
-        return q, q.unsqueeze(1)
+        return q, q.unsqueeze(1), None
 
     def _next_value(self, batch: ParametricBatch) -> torch.Tensor:
         if not self.hp.maxq_learning:

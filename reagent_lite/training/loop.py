@@ -114,7 +114,7 @@ class Workflow:
         self.eval_data = self._eval_tensors() if ctx.is_rank_zero else None
         dims = {name: p.out_dim for name, p in self.pre.items()}
         check_fits(cfg, sum(dims.values()), self.space, self.device)
-        self.q_net = self.kind.build_q_network(cfg, dims, self.space).to(self.device)
+        self.q_net = self.kind.build_policy_network(cfg, dims, self.space).to(self.device)
         ckpt.warm_start(self.q_net, cfg.training.warm_start_model_path)
         self.q_net_ddp = self._wrap(self.q_net)
         self.trainer = self.kind.build_trainer(self.q_net_ddp, cfg, self.space, self.q_net)

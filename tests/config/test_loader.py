@@ -176,11 +176,30 @@ def test_use_layer_norm_is_renamed(write_config: Writer) -> None:
 
 
 @pytest.mark.parametrize(
+    ("rainbow", "want"),
+    [
+        ({"bcq": True}, 0.1),  # Horizon's default threshold
+        ({"bcq": True, "bcq_drop_threshold": 0.3}, 0.3),
+        ({"bcq": False, "bcq_drop_threshold": 0.3}, None),  # Horizon's switch off: off
+        ({"bcq_drop_threshold": 0.3}, 0.3),  # ours
+        ({}, None),
+    ],
+)
+def test_horizon_bcq_switch_and_threshold(
+    write_config: Writer, rainbow: dict[str, Any], want: float | None
+) -> None:
+    data = {**minimal_dqn(), "rainbow": rainbow}
+    cfg = load_config(write_config(data), DQNWorkflowConfig)
+    assert cfg.rainbow.bcq_drop_threshold == want
+    msg = load_error(write_config({**minimal_dqn(), "rainbow": {"bcq_drop_threshold": 1.5}}))
+    assert "rainbow.bcq_drop_threshold" in msg and "1.5" in msg
+
+
+@pytest.mark.parametrize(
     ("block", "key", "value"),
     [
         ("rainbow", "categorical", True),
         ("rainbow", "quantile", True),
-        ("rainbow", "bcq", True),
         ("training", "use_noisy_linear_layers", True),
         ("training", "use_batch_norm", True),
         ("rl", "multi_steps", 3),

@@ -9,6 +9,7 @@ from torch import nn
 
 from reagent_lite.errors import ConfigError
 from reagent_lite.models import build_q_network
+from reagent_lite.models.bcq import BCQQNetwork
 from reagent_lite.trainers import DQNHyperParams, DQNTrainer, reward_boost_vector
 from tests.trainers.helpers import (
     discrete_batch,
@@ -333,3 +334,71 @@ def test_eval_td_loss_uses_the_plain_module_without_gradient() -> None:
     td = trainer.eval_td_loss(batch)
     assert not td.requires_grad
     torch.testing.assert_close(td, _trainer(copy.deepcopy(inner)).compute_loss(batch).td_loss)
+
+
+def _bcq(q: nn.Module, imitator: nn.Module, threshold: float = 0.3) -> BCQQNetwork:
+    return BCQQNetwork(q, imitator, threshold)
+
+
+def _constant_logits(probs: list[float]) -> nn.Module:
+    """An imitator of 2-d states that always says `probs`."""
+    lin = nn.Linear(2, len(probs))
+    with torch.no_grad():
+        lin.weight.zero_()
+        lin.bias.copy_(torch.tensor(probs).log())
+    return lin
+
+
+@pytest.mark.parametrize("double_q", [False, True])
+def test_bcq_next_state_max_skips_actions_the_imitator_drops(double_q: bool) -> None:
+    # Next Q = [1, 5]; the logger takes action 1 with probability 0.1 (0.1/0.9 < 0.3).
+    net = _bcq(identity_q_net(), _constant_logits([0.9, 0.1]))
+    trainer = _trainer(net, double_q_learning=double_q)
+    batch = discrete_batch([[0, 0]], [0], [1.0], [[1.0, 5.0]])
+    torch.testing.assert_close(trainer.compute_target(batch), torch.tensor([1 + GAMMA * 1.0]))
+    # Only action 1 possible, and it is dropped: the row is worth its reward only.
+    batch.possible_next_actions_mask = torch.tensor([[0.0, 1.0]])
+    torch.testing.assert_close(trainer.compute_target(batch), torch.tensor([1.0]))
+    # A looser threshold keeps action 1: the plain max again.
+    loose = _trainer(_bcq(identity_q_net(), _constant_logits([0.9, 0.1]), 0.05))
+    batch.possible_next_actions_mask = torch.ones(1, 2)
+    torch.testing.assert_close(loose.compute_target(batch), torch.tensor([1 + GAMMA * 5.0]))
+    # SARSA values the logged next action as it is, dropped or not.
+    sarsa = _trainer(_bcq(identity_q_net(), _constant_logits([0.9, 0.1])), maxq_learning=False)
+    batch.next_action = torch.tensor([1])
+    torch.testing.assert_close(sarsa.compute_target(batch), torch.tensor([1 + GAMMA * 5.0]))
+
+
+def test_bcq_trains_the_imitator_in_the_same_step_and_serves_the_logged_behaviour() -> None:
+    """The logger plays action (state₀ > 0); with the imitation loss in the step the
+    imitator learns it, and the served policy (forward's argmax) keeps to it even though
+    Q alone would prefer the other action everywhere (reward 1 for action 1 only)."""
+    torch.manual_seed(0)
+
+    def net() -> nn.Module:
+        return build_q_network(in_dim=4, n_actions=2, layers=[-1, 32, -1],
+                               activations=["relu", "linear"])  # fmt: skip
+
+    bcq = _bcq(net(), net(), 0.3)
+    trainer = _trainer(bcq, learning_rate=1e-2, target_update_rate=0.1)
+    for _ in range(300):
+        batch = random_discrete_batch(128, 4, 2)
+        batch.action = (batch.state[:, 0] > 0).long()
+        batch.reward = batch.action.float()
+        batch.terminal = torch.ones(128)
+        trainer.train_step([batch])
+    state = torch.randn(2000, 4)
+    behaviour = (state[:, 0] > 0).long()
+    with torch.no_grad():
+        q, logits = BCQQNetwork.split(bcq(state, imitation=True))
+        served = bcq(state).argmax(dim=1)
+    assert (logits.argmax(dim=1) == behaviour).float().mean() > 0.95
+    assert (q.argmax(dim=1) == 1).float().mean() > 0.95  # Q alone: always action 1
+    assert (served == behaviour).float().mean() > 0.9
+    # The imitator is part of the trainer's state: a fresh trainer loaded from it serves
+    # the same policy.
+    other = _trainer(_bcq(net(), net(), 0.3))
+    other.load_state_dict(copy.deepcopy(trainer.state_dict()))
+    assert any(k.startswith("imitator.") for k in trainer.state_dict()["q_net"])
+    with torch.no_grad():
+        assert torch.equal(other.online(state), bcq(state))

@@ -80,7 +80,7 @@ def _params(wf: Workflow) -> list[torch.Tensor]:
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("kind", ["dqn", "parametric_dqn"])
+@pytest.mark.parametrize("kind", ["dqn", "parametric_dqn", "dqn_bcq"])
 def test_cuda_graph_step_equals_eager_step(
     tmp_path: Path, kind: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -88,9 +88,14 @@ def test_cuda_graph_step_equals_eager_step(
     monkeypatch.setattr(steps, "DEFAULT_CHUNK_ROWS", 512)
     # TF32 off: the comparison is about the graph, not about matmul precision modes.
     torch.backends.cuda.matmul.fp32_precision = "ieee"
-    eager = _workflow(tmp_path, kind, "eager", cuda_graphs=False)
-    graph = _workflow(tmp_path, kind, "graph", cuda_graphs=True)
-    streamed = _workflow(tmp_path, kind, "streamed", cuda_graphs=True, device_resident_data=False)
+    # dqn_bcq: BCQ's imitation network trained inside the captured step too.
+    extra: dict[str, Any] = {"rainbow": {"bcq_drop_threshold": 0.3}} if kind == "dqn_bcq" else {}
+    kind = kind.removesuffix("_bcq")
+    eager = _workflow(tmp_path, kind, "eager", cuda_graphs=False, **extra)
+    graph = _workflow(tmp_path, kind, "graph", cuda_graphs=True, **extra)
+    streamed = _workflow(
+        tmp_path, kind, "streamed", cuda_graphs=True, device_resident_data=False, **extra
+    )
     for wf in (eager, graph, streamed):
         wf.train()
     assert eager.step_runner().mode == "eager"

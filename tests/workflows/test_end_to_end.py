@@ -178,15 +178,17 @@ def test_unwritable_output_fails_before_training(tmp_path: Path) -> None:
     assert not (tmp_path / "data" / "train.parquet").exists(), "work started before the check"
 
 
-def test_resume_continues_to_identical_parameters(tmp_path: Path) -> None:
-    full = make_config(tmp_path / "full", "dqn", epochs=3, evaluation={"model_selection": "last"})
+@pytest.mark.parametrize("bcq", [False, True], ids=["dqn", "bcq"])
+def test_resume_continues_to_identical_parameters(tmp_path: Path, bcq: bool) -> None:
+    # BCQ: the imitation network is part of the checkpointed state and of model.pt2.
+    extra: dict[str, Any] = {"rainbow": {"bcq_drop_threshold": 0.3}} if bcq else {}
+    sel = {"model_selection": "last"}
+    full = make_config(tmp_path / "full", "dqn", epochs=3, evaluation=sel, **extra)
     assert run_module(workflow_module("dqn"), "--config", str(full), timeout=240).returncode == 0
     # The same run cut after epoch 2, then resumed to epoch 3 from its checkpoint.
-    part = make_config(tmp_path / "part", "dqn", epochs=2, evaluation={"model_selection": "last"})
+    part = make_config(tmp_path / "part", "dqn", epochs=2, evaluation=sel, **extra)
     assert run_module(workflow_module("dqn"), "--config", str(part), timeout=240).returncode == 0
-    resumed = make_config(
-        tmp_path / "part", "dqn", epochs=3, evaluation={"model_selection": "last"}
-    )
+    resumed = make_config(tmp_path / "part", "dqn", epochs=3, evaluation=sel, **extra)
     result = run_module(workflow_module("dqn"), "--config", str(resumed), "--resume", timeout=240)
     assert result.returncode == 0, result.stderr[-3000:]
     want = torch.load(tmp_path / "full" / "out" / "model_state.pt")["q_net"]
@@ -194,6 +196,15 @@ def test_resume_continues_to_identical_parameters(tmp_path: Path) -> None:
     assert want.keys() == got.keys()
     for name in want:
         assert torch.equal(want[name], got[name]), name
+    assert any(name.startswith("imitator.") for name in want) == bcq
+    if bcq:  # the served policy never takes an action the imitator drops
+        from reagent_lite.predict import Predictor
+
+        eval_table = pq.read_table(tmp_path / "part" / "data" / "eval.parquet")
+        scored = Predictor(tmp_path / "part" / "out").score(eval_table)
+        q = scored.column("q_values").to_pylist()
+        best = [int(a) for a in scored.column("best_action").to_pylist()]
+        assert all(row[b] > torch.finfo(torch.float32).min for row, b in zip(q, best, strict=True))
 
 
 def test_two_nodes_train_and_only_node_zero_writes(tmp_path: Path) -> None:
