@@ -35,6 +35,13 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--policy", choices=POLICIES, default=DEFAULTS["policy"])
     p.add_argument("--epsilon", type=float, default=DEFAULTS["epsilon"])
     p.add_argument(
+        "--random-episode-fraction",
+        "--random_episode_fraction",
+        type=float,
+        default=DEFAULTS["random_episode_fraction"],
+        help="gym: fraction of the episodes played uniformly at random instead of by --policy",
+    )
+    p.add_argument(
         "--parametric",
         action="store_true",
         help="gym: log actions as one-hot feature maps (for parametric_dqn)",
@@ -57,6 +64,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             episodes=args.episodes,
             policy=args.policy,
             epsilon=args.epsilon,
+            random_episode_fraction=args.random_episode_fraction,
             seed=args.seed,
             eval_fraction=args.eval_fraction,
             parametric=args.parametric,

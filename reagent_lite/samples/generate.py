@@ -43,6 +43,7 @@ DEFAULTS: dict[str, Any] = {
     "episodes": 1000,
     "policy": "random",
     "epsilon": 0.1,
+    "random_episode_fraction": 0.0,
     "seed": 0,
     "eval_fraction": 0.1,
     "parametric": False,
@@ -66,6 +67,7 @@ def generate_sample_data(
     episodes: int | None = None,
     policy: str | None = None,
     epsilon: float | None = None,
+    random_episode_fraction: float | None = None,
     seed: int | None = None,
     eval_fraction: float | None = None,
     parametric: bool | None = None,
@@ -86,7 +88,8 @@ def generate_sample_data(
     `steps_path` default to `train.parquet`, `eval.parquet`, `steps.parquet` in
     `output_dir` (or in the directory of `training_data_path` when only that is given).
 
-    kind="gym": `episodes` episodes of `env` under `policy` ("random" or "epsilon_greedy");
+    kind="gym": `episodes` episodes of `env` under `policy` ("random" or "epsilon_greedy"),
+    a `random_episode_fraction` of them played uniformly at random instead;
     `parametric=True` logs actions as one-hot feature maps for the parametric workflow.
     kind="synthetic_parametric": `states` (default `episodes`) episodes of
     `episode_length` steps of `ParametricBanditEnv` (seeded by `seed`); also writes
@@ -98,6 +101,7 @@ def generate_sample_data(
         episodes=episodes,
         policy=policy,
         epsilon=epsilon,
+        random_episode_fraction=random_episode_fraction,
         seed=seed,
         eval_fraction=eval_fraction,
         parametric=parametric,
@@ -145,6 +149,7 @@ def _generate(
     episodes: int,
     policy: str,
     epsilon: float,
+    random_episode_fraction: float,
     seed: int,
     eval_fraction: float,
     parametric: bool,
@@ -176,6 +181,7 @@ def _generate(
                 epsilon=float(epsilon),
                 seed=int(seed),
                 actions_as_features=bool(parametric),
+                random_episode_fraction=float(random_episode_fraction),
             )
         except ValueError as err:
             raise ConfigError(f"sample_data: {err}") from err
@@ -185,6 +191,7 @@ def _generate(
             "env": env,
             "policy": policy,
             "epsilon": epsilon if policy == "epsilon_greedy" else None,
+            "random_episode_fraction": float(random_episode_fraction),
             "episodes": int(episodes),
             "mean_return": logged.mean_return,
             "mean_length": float(logged.lengths.mean()) if len(logged.lengths) else 0.0,

@@ -44,7 +44,7 @@ def test_bad_sample_data_is_a_config_error(tmp_path) -> None:
     with pytest.raises(ConfigError, match="kind"):
         generate_sample_data(kind="atari", output_dir=tmp_path)
     with pytest.raises(ConfigError, match="heuristic"):
-        generate_sample_data(env="Acrobot-v1", policy="epsilon_greedy", output_dir=tmp_path)
+        generate_sample_data(env="MountainCar-v0", policy="epsilon_greedy", output_dir=tmp_path)
     with pytest.raises(ConfigError, match="output_dir"):
         generate_sample_data(kind="gym")
     with pytest.raises(ConfigError, match="sample_data: env 'NoSuchEnv-v0' cannot be made"):

@@ -85,8 +85,38 @@ def test_other_discrete_env_and_errors() -> None:
     assert logged.steps.column("possible_actions").to_pylist()[0] == ["0", "1", "2"]
     np.testing.assert_allclose(logged.steps.column("action_probability").to_numpy(), 1 / 3)
     with pytest.raises(ValueError, match="heuristic"):
-        log_gym_episodes("Acrobot-v1", 1, policy="epsilon_greedy")
+        log_gym_episodes("MountainCar-v0", 1, policy="epsilon_greedy")
     with pytest.raises(ValueError, match="Discrete"):
         log_gym_episodes("Pendulum-v1", 1)
     with pytest.raises(ValueError, match="policy"):
         log_gym_episodes("CartPole-v1", 1, policy="greedy")  # type: ignore[arg-type]
+
+
+def test_acrobot_mix_of_random_and_epsilon_greedy_episodes() -> None:
+    """`random_episode_fraction`: whole episodes played at random (propensity 1/3 on every
+    row), the others ε-greedy over the Acrobot heuristic (propensities 1−ε+ε/3 or ε/3);
+    the heuristic swings up far sooner than random play."""
+    eps = 0.3
+    logged = log_gym_episodes(
+        "Acrobot-v1", 12, policy="epsilon_greedy", epsilon=eps, seed=3,
+        random_episode_fraction=0.5,
+    )  # fmt: skip
+    steps = logged.steps
+    props = steps.column("action_probability").to_numpy()
+    episode = steps.column("mdp_id").to_numpy().astype(int)
+    greedy_p, explore_p = 1 - eps + eps / 3, eps / 3
+    kinds = []
+    for ep in range(12):
+        p = props[episode == ep]
+        if np.allclose(p, 1 / 3):
+            kinds.append("random")
+        else:
+            assert np.isin(np.round(p, 9), np.round([greedy_p, explore_p], 9)).all()
+            kinds.append("greedy")
+    assert 2 <= kinds.count("random") <= 10  # drawn per episode (p = 0.5)
+    returns = dict(zip(range(12), logged.returns, strict=True))
+    greedy_mean = np.mean([returns[e] for e, k in enumerate(kinds) if k == "greedy"])
+    random_mean = np.mean([returns[e] for e, k in enumerate(kinds) if k == "random"])
+    assert greedy_mean > -200 and random_mean < -300, (greedy_mean, random_mean)
+    with pytest.raises(ValueError, match="random_episode_fraction must be in"):
+        log_gym_episodes("Acrobot-v1", 1, random_episode_fraction=1.5)
