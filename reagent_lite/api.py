@@ -184,8 +184,9 @@ class Model:
 
     def score(self, data: Any, *, batch_size: int = 65_536) -> Any:
         """`data` (a pandas DataFrame or a pyarrow Table in the training table's layout;
-        only the state column, and for parametric models `possible_actions`, is read) with
-        the score columns appended, of the same type: dqn adds `q_values` and
+        only the state column and `possible_actions` (required for parametric models; for
+        dqn, when present, `best_action` is the best of each row's candidates) are read)
+        with the score columns appended, of the same type: dqn adds `q_values` and
         `best_action`, parametric_dqn `candidate_scores`, `ranked_candidates` and
         `best_candidate`. Bad rows raise `DataError`, as `predict` does."""
         import pyarrow as pa
