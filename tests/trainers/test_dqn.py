@@ -273,16 +273,22 @@ def test_wrapped_network_keeps_unwrapped_target_and_state_dict() -> None:
     trainer.train_step([random_discrete_batch(4, 2, 2)])
 
 
-def test_real_ddp_with_accumulation(tmp_path: object) -> None:
+@pytest.mark.parametrize("bcq", [False, True], ids=["dqn", "bcq"])
+def test_real_ddp_with_accumulation(tmp_path: object, bcq: bool) -> None:
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel
 
     dist.init_process_group("gloo", init_method=f"file://{tmp_path}/store", rank=0, world_size=1)
     try:
         torch.manual_seed(4)
-        net = build_q_network(
-            in_dim=3, n_actions=2, layers=[-1, 8, -1], activations=["relu", "linear"]
-        )
+
+        def mlp() -> nn.Module:
+            return build_q_network(
+                in_dim=3, n_actions=2, layers=[-1, 8, -1], activations=["relu", "linear"]
+            )
+
+        # BCQ: the imitator's parameters are DDP's too (one forward gives both outputs).
+        net = _bcq(mlp(), mlp()) if bcq else mlp()
         plain = _trainer(copy.deepcopy(net), optimizer="sgd", learning_rate=0.1)
         ddp = _trainer(DistributedDataParallel(net), optimizer="sgd", learning_rate=0.1)
         assert ddp.online is net
