@@ -308,5 +308,6 @@ class Kind(ABC, Generic[C]):
         nothing else)."""
         return {
             "drop_bad_rows": cfg.drop_bad_rows,
+            "null_propensity": cfg.null_propensity,
             "rl.use_seq_num_diff_as_time_diff": cfg.rl.use_seq_num_diff_as_time_diff,
         }
