@@ -52,6 +52,7 @@ def main() -> int:
     p.add_argument("--kind", default="dqn", choices=["dqn", "parametric_dqn"])
     p.add_argument("--gpus-per-node", type=int, default=2)
     p.add_argument("--timeout", type=float, default=240)
+    p.add_argument("--stop-only", action="store_true", help="skip the --resume run")
     args = p.parse_args()
     out, g = args.out, args.gpus_per_node
     out.mkdir(parents=True, exist_ok=True)
@@ -111,6 +112,8 @@ def main() -> int:
     check(f"mid-epoch checkpoint written: {[c.name for c in ckpts]}", len(ckpts) >= 1)
     last = (out / "node0.log").read_text(errors="replace").strip().splitlines()[-1:]
     check(f"node 0's last line names --resume: {last}", bool(last) and "--resume" in last[0])
+    if args.stop_only:
+        return 0 if ok else 1
     # 2. Resume on both nodes: finish with fewer epochs (an allowed change).
     done_epochs = len(metrics.read_text().splitlines())
     cfg["epochs"] = done_epochs + 2

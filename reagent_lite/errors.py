@@ -11,6 +11,9 @@ class ReagentLiteError(Exception):
     """Base class: a problem with the user's input or environment, explained in words."""
 
     exit_code = 1
+    # True when every rank raises this error at the same agreed point (a preemption stop):
+    # the ranks then leave the process group as a finished run does, not by aborting it.
+    agreed_by_all_ranks = False
 
 
 class ConfigError(ReagentLiteError):

@@ -140,6 +140,13 @@ def _run_worker(
             ctx.barrier()
             failed = False
         except BaseException as exc:
+            if getattr(exc, "agreed_by_all_ranks", False):
+                # Every rank stops here together (preemption): wait for rank 0's checkpoint
+                # and leave the group as a finished run does; aborting NCCL communicators
+                # is for a rank whose peers may be stuck waiting for it.
+                with contextlib.suppress(Exception):
+                    ctx.barrier()
+                    failed = False
             # Stamped before the group is left: leaving it (or this process ending) is what
             # makes the peers fail, and the parent must tell the cause from those echoes.
             err = _classify(exc, rank, collective_timeout_s)
@@ -242,9 +249,12 @@ def _spawn(
                     p.join()
                     if p.exitcode != 0 and not failed:
                         failed = True
-                        # Preempted: the workers stop together at an agreed step and rank 0
-                        # checkpoints; ending its siblings now could cut that short.
-                        _terminate(list(pending.values()), _PREEMPT_GRACE_S if forwarded else 0)
+                        # Preempted (a signal here, or a stop its ranks agreed on after a
+                        # signal on another node: exit 130 / 143): the workers stop together
+                        # at an agreed step and rank 0 checkpoints; ending its siblings now
+                        # could cut that short.
+                        stopping = forwarded or p.exitcode in (128 + 2, 128 + 15)
+                        _terminate(list(pending.values()), _PREEMPT_GRACE_S if stopping else 0)
                 if failed:
                     break
         if failed:

@@ -195,8 +195,10 @@ class LaggedMax:
 def stopped(signum: int, epoch: int, done: int, global_step: int, path: Path | None) -> Preempted:
     where = f"after step {done} of epoch {epoch + 1} (global step {global_step})"
     saved = f"checkpoint {path}" if path else "rank 0 wrote the checkpoint"
-    return Preempted(
+    stop = Preempted(
         f"stopped by {signal_name(signum)} {where}; {saved}; run the same command with "
         "--resume to continue from there",
         signum,
     )
+    stop.agreed_by_all_ranks = True  # every rank raises it after the same step
+    return stop
