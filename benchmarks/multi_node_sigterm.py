@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -56,6 +57,10 @@ def main() -> int:
     args = p.parse_args()
     out, g = args.out, args.gpus_per_node
     out.mkdir(parents=True, exist_ok=True)
+    # A fresh job: an earlier run's model directory and rendezvous files would make this
+    # one a different test (the sample data is kept: it depends only on the config).
+    for left in ("model", "rdzv.rdzv"):
+        shutil.rmtree(out / left, ignore_errors=True)
     sample = {"kind": "gym", "env": "CartPole-v1", "episodes": 2000, "policy": "random"}
     if args.kind != "dqn":
         sample = {"kind": "synthetic_parametric", "episodes": 20000}

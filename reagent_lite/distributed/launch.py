@@ -51,7 +51,8 @@ log = logging.getLogger(__name__)
 WorkerFn = Callable[..., Any]
 # How long siblings of a failed worker get to exit on SIGTERM before SIGKILL.
 _TERMINATE_GRACE_S = 5.0
-# How long siblings of a worker that stopped on a forwarded signal get to stop by themselves.
+# How long workers get to stop by themselves after a signal: siblings of a worker that
+# stopped, and all of them after a signal to this launcher (then they are ended).
 _PREEMPT_GRACE_S = 20.0
 
 
@@ -244,7 +245,14 @@ def _spawn(
         failed = False
         with _forward_signals(procs) as forwarded:
             while pending:
-                for sentinel in wait(list(pending)):
+                ready = wait(list(pending), timeout=1.0)
+                if not ready and forwarded and _overdue(forwarded[0]):
+                    # The workers were told to stop and should have by now: whatever holds
+                    # them (a hung collective, a driver call), the scheduler's SIGKILL is
+                    # near. End them here, so that this node exits with the signal's code.
+                    _terminate(list(pending.values()))
+                    raise _not_stopped(forwarded[0][0])
+                for sentinel in ready:
                     p = pending.pop(sentinel)  # type: ignore[arg-type]
                     p.join()
                     if p.exitcode != 0 and not failed:
@@ -253,7 +261,7 @@ def _spawn(
                         # signal on another node: exit 130 / 143): the workers stop together
                         # at an agreed step and rank 0 checkpoints; ending its siblings now
                         # could cut that short.
-                        stopping = forwarded or p.exitcode in (128 + 2, 128 + 15)
+                        stopping = bool(forwarded) or p.exitcode in (128 + 2, 128 + 15)
                         _terminate(list(pending.values()), _PREEMPT_GRACE_S if stopping else 0)
                 if failed:
                     break
@@ -265,15 +273,16 @@ def _spawn(
 
 
 @contextlib.contextmanager
-def _forward_signals(procs: list[Any]) -> Iterator[list[int]]:
+def _forward_signals(procs: list[Any]) -> Iterator[list[tuple[int, float]]]:
     """While the workers run, SIGTERM / SIGINT sent to this launcher go to them (once each:
-    a terminal's Ctrl-C reaches them directly too); yields the signals received."""
-    received: list[int] = []
+    a terminal's Ctrl-C reaches them directly too); yields the signals received, each with
+    the monotonic time it came."""
+    received: list[tuple[int, float]] = []
 
     def forward(signum: int, frame: Any) -> None:
         if received:
             return
-        received.append(signum)
+        received.append((signum, time.monotonic()))
         for p in procs:
             if p.is_alive() and p.pid is not None:
                 with contextlib.suppress(ProcessLookupError):
@@ -285,6 +294,20 @@ def _forward_signals(procs: list[Any]) -> Iterator[list[int]]:
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+
+
+def _overdue(signal_at: tuple[int, float]) -> bool:
+    return time.monotonic() - signal_at[1] > _PREEMPT_GRACE_S
+
+
+def _not_stopped(signum: int) -> ReagentLiteError:
+    err = ReagentLiteError(
+        f"the workers did not stop within {_PREEMPT_GRACE_S:g}s of "
+        f"{signal.Signals(signum).name}; ended them. Run the same command with --resume to "
+        "continue from the newest checkpoint"
+    )
+    err.exit_code = 128 + signum
+    return err
 
 
 def _terminate(procs: list[Any], wait_first_s: float = 0.0) -> None:

@@ -87,6 +87,25 @@ class DuckSettings:
     temp_dir: str | None = None  # where sorts spill; None: the system's temp directory
 
 
+# Memory each DuckDB thread needs for this workload (sorts of rows with nested columns):
+# on a 64-core host, every core under the default 1GB limit ran out of memory.
+_BYTES_PER_THREAD = 128 * 2**20
+_UNITS = {"B": 1, "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40,
+          "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12}  # fmt: skip
+
+
+def _default_threads(con: duckdb.DuckDBPyConnection) -> int:
+    """Every core DuckDB sees, but no more than the memory limit gives 128 MiB each."""
+    cores, limit = con.execute(
+        "SELECT current_setting('threads'), current_setting('memory_limit')"
+    ).fetchone() or (1, "")
+    match = re.fullmatch(r"\s*([\d.]+)\s*([KMGT]?I?B)\s*", str(limit).upper())
+    if match is None:  # a limit DuckDB spells otherwise: keep its own choice
+        return int(cores)
+    size = float(match.group(1)) * _UNITS[match.group(2)]
+    return max(1, min(int(cores), int(size // _BYTES_PER_THREAD)))
+
+
 @contextmanager
 def connect(settings: DuckSettings) -> Iterator[duckdb.DuckDBPyConnection]:
     """An in-memory DuckDB connection that spills to a private temporary directory."""
@@ -101,6 +120,8 @@ def connect(settings: DuckSettings) -> Iterator[duckdb.DuckDBPyConnection]:
             ) from err
         if settings.threads is not None:
             con.execute(f"SET threads = {int(settings.threads)}")
+        else:
+            con.execute(f"SET threads = {_default_threads(con)}")
         con.execute(f"SET temp_directory = '{_sql_string(spill)}'")
         # Row order inside a query is not needed (the output is sorted); this lets DuckDB
         # stream and spill more freely.

@@ -167,6 +167,16 @@ class GraphStep:
                 lr.fill_(float(group["lr"]))
                 group["lr"] = lr
 
+    def release(self) -> None:
+        """Destroys the captured graph (no replay afterwards). NCCL's finalize, run when the
+        process group is destroyed, waits until every graph that captured one of its
+        collectives is gone: a graph still referenced then (say, from an exception's frames
+        after a preemption stop) would hang the exit. An in-flight replay completes first
+        (CUDA frees a launched graph asynchronously), so no synchronize is needed here."""
+        if self.graph is not None:
+            self.graph.reset()
+            self.graph = None
+
     def __call__(self) -> None:
         """One optimizer step: the source stages its rows, the graph replays."""
         assert self.graph is not None

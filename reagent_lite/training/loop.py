@@ -506,7 +506,10 @@ class Workflow:
         if self.metrics is not None:
             self.metrics.close()
         if self._runner is not None:
-            self._runner.close()  # a stream left open by an error: stop its worker first
+            # A stream left open by an error: stop its worker first; and the graph goes
+            # before the process group does (NCCL waits for graphs holding its collectives).
+            self._runner.release()
+            self._runner = None
         if self.disk is not None:
             self.disk.close()
 

@@ -110,6 +110,15 @@ class StepRunner:
         """Ends the epoch's chunk stream, if any (joins its worker thread); idempotent."""
         self.source.close()
 
+    def release(self) -> None:
+        """The end of training, however it ends: the chunk stream closed and the captured
+        graph destroyed (`GraphStep.release`); idempotent."""
+        self.close()
+        for graph in (self.graph, self._to_capture):
+            if graph is not None:
+                graph.release()
+        self.graph = self._to_capture = None
+
 
 def build_step_runner(
     *,

@@ -15,6 +15,7 @@ import argparse
 import json
 import logging
 import os
+import signal
 import sys
 import time
 from pathlib import Path
@@ -26,9 +27,17 @@ from reagent_lite.errors import DataError, ReagentLiteError
 
 
 def worker(
-    ctx: DistContext, out: str, steps: int, step_sleep: float, fail_rank: int, fail_kind: str
+    ctx: DistContext,
+    out: str,
+    steps: int,
+    step_sleep: float,
+    fail_rank: int,
+    fail_kind: str,
+    ignore_sigterm: bool = False,
 ) -> None:
     out_dir = Path(out)
+    if ignore_sigterm:  # a worker stuck where a signal cannot stop it (say, in a driver call)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
     sums = []
     for step in range(steps):
         if step == 1 and ctx.rank == fail_rank:
@@ -75,9 +84,14 @@ def main() -> None:
     p.add_argument("--fail_rank", type=int, default=-1)
     p.add_argument("--fail_kind", choices=["data", "value"], default="data")
     p.add_argument("--run_id", default=None)
+    p.add_argument("--ignore_sigterm", action="store_true")
+    p.add_argument("--preempt_grace", type=float, default=None)
     a = p.parse_args()
     logging.basicConfig(level=logging.INFO, stream=sys.stderr)
     Path(a.out).mkdir(parents=True, exist_ok=True)
+    if a.preempt_grace is not None:
+        # The package exports the function `launch`, which hides the module of that name.
+        sys.modules["reagent_lite.distributed.launch"]._PREEMPT_GRACE_S = a.preempt_grace
     try:
         plan = plan_launch(
             num_nodes=a.num_nodes,
@@ -92,7 +106,7 @@ def main() -> None:
         launch(
             plan,
             worker,
-            (a.out, a.steps, a.step_sleep, a.fail_rank, a.fail_kind),
+            (a.out, a.steps, a.step_sleep, a.fail_rank, a.fail_kind, a.ignore_sigterm),
             rendezvous_timeout_s=a.rdzv_timeout,
             collective_timeout_s=a.coll_timeout,
         )

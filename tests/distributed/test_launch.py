@@ -251,3 +251,25 @@ def test_aborted_groups_are_forgotten_so_the_process_can_start_another(tmp_path:
     )  # fmt: skip
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "restarted" in proc.stdout
+
+
+def test_workers_that_ignore_a_forwarded_sigterm_are_ended_after_the_grace(
+    cluster: Cluster,
+) -> None:
+    """Preemption: a launcher that got SIGTERM forwards it and waits; workers that do not
+    stop within the grace (stuck in a collective or a driver call) are ended, and the node
+    exits 143 with a line naming --resume, well before a scheduler's SIGKILL."""
+    launcher = cluster.start(
+        0, 1, "--cpu_procs", "2", "--steps", "4000", "--step_sleep", "0.05",
+        "--ignore_sigterm", "--preempt_grace", "2",
+    )  # fmt: skip
+    cluster.wait_for(cluster.out / "started_rank1")
+    sent = time.monotonic()
+    launcher.proc.send_signal(signal.SIGTERM)
+    rc, log = launcher.finish(timeout=60)
+    took = time.monotonic() - sent
+    assert rc == 143, log
+    assert "did not stop within 2s of SIGTERM" in log and "--resume" in log
+    # 2 s of grace, at most 5 s more for the SIGTERM/SIGKILL of the workers, plus polling.
+    assert took < 12, took
+    assert not cluster.results()  # the workers never finished their steps

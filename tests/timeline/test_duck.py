@@ -167,3 +167,20 @@ def test_unreadable_or_mixed_inputs_exit_3(tmp_path) -> None:
     assert rc == 3 and "mixes Parquet and JSON Lines" in text, text
     rc, text = run_cli("--input", str(tmp_path / "nope"), "--output", str(tmp_path / "t.parquet"))
     assert rc == 3 and "no such file" in text, text
+
+
+def test_default_threads_leave_each_thread_128_mib_of_the_memory_limit() -> None:
+    """On a many-core host, every core under the default 1GB limit ran out of memory
+    while sorting; the default thread count is capped by the limit instead."""
+    import duckdb
+
+    from reagent_lite.timeline.duck import _default_threads
+
+    con = duckdb.connect()
+    con.execute("SET threads = 64")
+    con.execute("SET memory_limit = '1GB'")  # 953.6 MiB: 7 threads of 128 MiB
+    assert _default_threads(con) == 7
+    con.execute("SET memory_limit = '100GB'")
+    assert _default_threads(con) == 64
+    con.execute("SET memory_limit = '10MB'")
+    assert _default_threads(con) == 1

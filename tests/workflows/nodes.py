@@ -128,7 +128,10 @@ class Job:
         self.kind, self.config, self.logs = kind, config, logs
         self.env = {
             **os.environ,
-            "PYTHONPATH": str(REPO_ROOT),
+            # The repository first, then whatever the caller's path holds (site dirs).
+            "PYTHONPATH": os.pathsep.join(
+                p for p in (str(REPO_ROOT), os.environ.get("PYTHONPATH", "")) if p
+            ),
             "PYTHONUNBUFFERED": "1",
             "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),
             **(env or {}),

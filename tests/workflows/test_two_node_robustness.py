@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
+import torch
 
 from reagent_lite.training.checkpoint import latest_checkpoint, load_checkpoint
 from tests.workflows.nodes import Job, make_dqn_parts, write_config
@@ -119,3 +120,32 @@ def test_spark_directory_with_empty_part_files_trains_on_two_nodes(
     finally:
         job.close()
     assert (tmp_path / "out" / "model_meta.json").is_file()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(
+    not torch.cuda.is_available() or torch.cuda.device_count() < 2, reason="needs 2 CUDA devices"
+)
+def test_sigterm_stops_a_two_gpu_node_that_replays_cuda_graphs(tmp_path: Path, data: Path) -> None:
+    """NCCL's finalize waits for every CUDA graph that captured its all-reduces: a graph
+    still alive when the group is left (held by the stop's exception) hung both ranks."""
+    config = write_config(
+        tmp_path / "c.json", "dqn", data, tmp_path / "out",
+        use_gpu=True, use_all_avail_gpus=True, **LONG,
+    )  # fmt: skip
+    env = {"CUDA_VISIBLE_DEVICES": "0,1", "NCCL_NVLS_ENABLE": "0"}
+    job = Job("dqn", config, tmp_path / "logs", env=env)
+    try:
+        node = job.start(0)
+        _wait_for_training(tmp_path / "out", [node])
+        sent = time.monotonic()
+        node.proc.send_signal(signal.SIGTERM)
+        code = node.wait(60)
+        took = time.monotonic() - sent
+    finally:
+        job.close()
+    text = node.text()
+    assert code == 143, text[-3000:]
+    assert took < 30, f"stopping took {took:.1f}s"
+    assert "one CUDA graph per step" in text
+    assert "--resume" in text.strip().splitlines()[-1]
