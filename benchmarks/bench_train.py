@@ -16,7 +16,8 @@ d3rlpy's steps are timed inside `fit`, without the set-up of each `fit` call.
 * `d3rlpy`: `DoubleDQN.fit` on the same transitions (when d3rlpy is installed).
 * `products` (CPU, dqn): the step's five large matrix products alone, the arithmetic floor.
 * `--compile` (CUDA): `ours-graph-c[-P]`, our step with `training.compile` in precision P
-  (`--precisions fp32,tf32,bf16`), beside `bare-graph-c[-P]`, the bare loop whose loss
+  (`--precisions fp32,tf32,bf16`; `ours-graph-c+cpe`: with the CPE side models, whose loss
+  is compiled too), beside `bare-graph-c[-P]`, the bare loop whose loss
   forward/backward is compiled by Inductor inside the same CUDA graph — the compiled
   floor. Ratios are printed against the fp32 `bare-graph` floor.
 
@@ -429,6 +430,10 @@ def main(argv: list[str] | None = None) -> None:
                 bare = Bare(resident, args.batch, kind != "dqn", graph=True, compiled=True,
                             precision=prec)  # fmt: skip
                 contenders[name.replace("ours", "bare")] = lambda n, e, b=bare: b.time(n)
+                if prec == "fp32" and not args.no_cpe:  # the CPE side models compiled too
+                    wf = workflow(kind, data, Path(tmp.name) / f"{name}+cpe", args.device,
+                                  args.batch, cuda_graphs=True, compile=True, cpe=True)  # fmt: skip
+                    contenders[f"{name}+cpe"] = lambda n, e, wf=wf: time_ours(wf, n, e)
         for g in graphs:
             bare = Bare(resident, args.batch, kind != "dqn", graph=g)
             contenders[f"{tag}bare{'-graph' if g else ''}"] = lambda n, e, b=bare: b.time(n)
@@ -466,7 +471,8 @@ def main(argv: list[str] | None = None) -> None:
             pairs += [(f"{tag}ours-graph-c{prec}", f"{tag}bare-graph"),
                       (f"{tag}bare-graph-c{prec}", f"{tag}bare-graph"),
                       (f"{tag}ours-graph-c{prec}", f"{tag}bare-graph-c{prec}")]  # fmt: skip
-    pairs += [("param:ours-graph-c", "ours-graph-c")]
+    pairs += [("param:ours-graph-c", "ours-graph-c"), ("ours-graph-c+cpe", "ours-graph+cpe"),
+              ("ours-graph-c+cpe", "ours-graph-c")]  # fmt: skip
     for a, b in pairs:
         if a in med and b in med:
             # Paired: the ratio within each round (same minutes), then the median and the

@@ -136,13 +136,10 @@ class CpeModelTrainer:
         """The modules a step changes (parameters and buffers)."""
         return [self.plain, self.target_value]
 
-    def train_step(
-        self, batch: Any, q_net: nn.Module, grad_sync: Callable[[], None] | None = None
-    ) -> Tensor:
-        """One step of both models on `batch` (fields read as attributes: a `TensorDict`
-        or the step runner's `LazyBatch`); `q_net` (the plain Q-network, no gradient)
-        gives the policy whose value is fitted. With `grad_sync`, the forward goes through
-        `plain` and `grad_sync()` averages the gradients between backward and step."""
+    def compute_loss(self, batch: Any, q_net: nn.Module, nets: nn.Module) -> Tensor:
+        """Both models' loss on `batch` (fields read as attributes), forwarding through
+        `nets` (`self.nets` or the plain `CpeNets`); `q_net` (the plain Q-network, no
+        gradient) gives the policy whose value is fitted."""
         kind = self.kind
         with torch.no_grad():
             q_next = kind.q_all(q_net, batch, next_state=True)
@@ -151,23 +148,37 @@ class CpeModelTrainer:
             v_next = (pi_next * kind.q_all(self.target_value, batch, next_state=True)).sum(-1)
             discount = torch.pow(self.gamma, batch.time_diff) if self.use_time_diff else self.gamma
             target = batch.reward + (1.0 - batch.terminal) * discount * v_next
-        for p in self._params:  # = optimizer.zero_grad(set_to_none=True), minus its wrapper
-            p.grad = None
         idx = kind.logged_index(batch)
         valid = (idx >= 0).to(batch.reward.dtype)
         denom = valid.sum().clamp_min(1.0)
-        r_hat, q_hat = (self.nets if grad_sync is None else self.plain)(batch, kind)
+        r_hat, q_hat = nets(batch, kind)
         # Rows without a logged action count for nothing, even where the reward is not finite.
         reward_err = torch.where(valid > 0, gather_logged(r_hat, idx) - batch.reward, 0.0)
         value_err = F.smooth_l1_loss(gather_logged(q_hat, idx), target, reduction="none")
         value_err = torch.where(valid > 0, value_err, 0.0)
-        loss = ((reward_err**2).sum() + value_err.sum()) / denom
-        loss.backward()
+        return ((reward_err**2).sum() + value_err.sum()) / denom
+
+    def train_step(
+        self,
+        batch: Any,
+        q_net: nn.Module,
+        grad_sync: Callable[[], None] | None = None,
+        loss: Callable[[Any, nn.Module, nn.Module], Tensor] | None = None,
+    ) -> Tensor:
+        """One step of both models on `batch` (a `TensorDict` or the step runner's
+        `LazyBatch`). With `grad_sync`, the forward goes through `plain` and `grad_sync()`
+        averages the gradients between backward and step; `loss` replaces `compute_loss`
+        (`training.compiled.CompiledCpeLoss`)."""
+        for p in self._params:  # = optimizer.zero_grad(set_to_none=True), minus its wrapper
+            p.grad = None
+        nets = self.nets if grad_sync is None else self.plain
+        value = (loss or self.compute_loss)(batch, q_net, nets)
+        value.backward()
         if grad_sync is not None:
             grad_sync()
         self.optimizer.step()
         self._soft_update(self.tau)
-        return loss.detach()
+        return value.detach()
 
     def state_dict(self) -> dict[str, Any]:
         return {

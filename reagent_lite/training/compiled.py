@@ -14,6 +14,10 @@ itself into a plain `Rows` object; the gathers of columns the loss never reads a
 code that Inductor removes. Only the plain module is compiled: a DDP wrapper's forward
 (multi-process eager steps) keeps the eager loss, since its hooks do the all-reduce.
 
+The CPE side models' loss (`CompiledCpeLoss`: the next-state policy, the target value, the
+reward and value regressions) is compiled the same way, so with CPE on the whole step is
+fused, not only the Q-network's half.
+
 If compilation fails (no C++ compiler for the CPU backend, an unsupported operator) the
 loss falls back to eager for the rest of the run, with a warning.
 """
@@ -27,6 +31,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from reagent_lite.evaluation.cpe_models import CpeModelTrainer
 from reagent_lite.trainers.common import DQNLoss, QLearningTrainer
 from reagent_lite.training.sources import LazyBatch
 
@@ -41,44 +46,86 @@ class Rows:
             setattr(self, name, value)
 
 
-class CompiledLoss:
-    """`trainer.compute_loss`, compiled once per run (see the module notes)."""
+class _Compiled:
+    """A loss function of (micro-batch, modules...) compiled once per run: the batch goes in
+    as its source columns and row index (module notes); the first call compiles, and a
+    failure there means the eager function for the rest of the run, with a warning."""
 
-    def __init__(self, trainer: QLearningTrainer[Any]) -> None:
-        self.trainer = trainer
-        self._compiled: Any = torch.compile(self._loss, dynamic=False)
+    what = "loss"
+
+    def __init__(self) -> None:
+        self._compiled: Any = torch.compile(self._traced, dynamic=False)
         self.failed = ""
         self.compile_s = 0.0
         self._calls = 0
 
-    def _loss(self, columns: dict[str, Tensor], idx: Tensor | None, net: nn.Module) -> tuple:
+    def _eager(self, batch: Any, *modules: nn.Module) -> Any:
+        raise NotImplementedError
+
+    def _traced(self, columns: dict[str, Tensor], idx: Tensor | None, *modules: nn.Module) -> Any:
         rows = Rows(
             columns if idx is None else {k: v.index_select(0, idx) for k, v in columns.items()}
         )
-        loss = self.trainer.compute_loss(rows, net=net)
+        return self._eager(rows, *modules)
+
+    def _call(self, batch: LazyBatch, *modules: nn.Module) -> Any:
+        columns, idx = batch.parts()
+        first = self._calls == 0
+        start = time.perf_counter()
+        try:
+            out = self._compiled(columns, idx, *modules)
+        except Exception as err:  # compilation problems: the eager loss is always right
+            if not first:
+                raise
+            self.failed = f"{type(err).__name__}: {(str(err).splitlines() or [''])[0][:200]}"
+            log.warning(
+                "training.compile: %s compilation failed (%s); eager", self.what, self.failed
+            )
+            return self._eager(batch, *modules)
+        self._calls += 1
+        if first:
+            self.compile_s = time.perf_counter() - start
+            log.info("training.compile: %s compiled in %.1f s", self.what, self.compile_s)
+        return out
+
+
+class CompiledLoss(_Compiled):
+    """`trainer.compute_loss`, compiled once per run (see the module notes)."""
+
+    def __init__(self, trainer: QLearningTrainer[Any]) -> None:
+        self.trainer = trainer
+        super().__init__()
+
+    def _eager(self, batch: Any, *modules: nn.Module) -> Any:
+        loss = self.trainer.compute_loss(batch, net=modules[0])
         return loss.td_loss, loss.cql_loss, loss.total, loss.mean_q
 
     def __call__(self, batch: LazyBatch, net: nn.Module) -> DQNLoss:
         if self.failed or net is not self.trainer.online:
             return self.trainer.compute_loss(batch, net=net)
-        columns, idx = batch.parts()
-        first = self._calls == 0
-        start = time.perf_counter()
-        try:
-            out = self._compiled(columns, idx, net)
-        except Exception as err:  # compilation problems: the eager loss is always right
-            if not first:
-                raise
-            self.failed = f"{type(err).__name__}: {(str(err).splitlines() or [''])[0][:200]}"
-            log.warning("training.compile: compilation failed (%s); eager loss", self.failed)
-            return self.trainer.compute_loss(batch, net=net)
-        self._calls += 1
-        if first:
-            self.compile_s = time.perf_counter() - start
-            log.info("training.compile: loss compiled in %.1f s", self.compile_s)
-        return DQNLoss(*out)
+        return DQNLoss(*self._call(batch, net))
 
     def describe(self) -> str:
         if self.failed:
             return f"compile failed ({self.failed}), eager loss"
         return "loss compiled by Inductor"
+
+
+class CompiledCpeLoss(_Compiled):
+    """The CPE side models' `compute_loss` (reward and policy-value models: the
+    next-state policy, the target value and both regressions), compiled the same way."""
+
+    what = "CPE models' loss"
+
+    def __init__(self, cpe: CpeModelTrainer) -> None:
+        self.cpe = cpe
+        super().__init__()
+
+    def _eager(self, batch: Any, *modules: nn.Module) -> Any:
+        return self.cpe.compute_loss(batch, modules[0], modules[1])
+
+    def __call__(self, batch: LazyBatch, q_net: nn.Module, nets: nn.Module) -> Tensor:
+        if self.failed or nets is not self.cpe.plain:  # a DDP wrapper: its hooks reduce
+            return self.cpe.compute_loss(batch, q_net, nets)
+        out: Tensor = self._call(batch, q_net, nets)
+        return out

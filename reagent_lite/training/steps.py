@@ -29,7 +29,7 @@ from reagent_lite.data.tensordict import TensorDict
 from reagent_lite.distributed.context import DistContext
 from reagent_lite.evaluation.cpe_models import CpeModelTrainer
 from reagent_lite.trainers.common import QLearningTrainer
-from reagent_lite.training.compiled import CompiledLoss
+from reagent_lite.training.compiled import CompiledCpeLoss, CompiledLoss
 from reagent_lite.training.graphs import GraphStep, graph_blocker
 from reagent_lite.training.sources import (
     BatchSource,
@@ -153,7 +153,15 @@ def build_step_runner(
     else:
         source = ResidentRows(columns, data.pack, sampler, steps_per_epoch, mps, batch)
     loss = CompiledLoss(trainer) if compiled else None
-    update = Update(trainer, cpe, torch.zeros((), device=device), precision=precision, loss=loss)
+    cpe_loss = CompiledCpeLoss(cpe) if compiled and cpe is not None else None
+    update = Update(
+        trainer,
+        cpe,
+        torch.zeros((), device=device),
+        precision=precision,
+        loss=loss,
+        cpe_loss=cpe_loss,
+    )
     graph, why_eager = None, ""
     if cuda_graphs and device.type == "cuda":
         why_eager = graph_blocker(update, ctx)

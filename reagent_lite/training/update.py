@@ -15,7 +15,7 @@ from torch import Tensor, nn
 from reagent_lite.distributed.context import DistContext
 from reagent_lite.evaluation.cpe_models import CpeModelTrainer
 from reagent_lite.trainers.common import QLearningTrainer
-from reagent_lite.training.compiled import CompiledLoss
+from reagent_lite.training.compiled import CompiledCpeLoss, CompiledLoss
 from reagent_lite.training.precision import step_precision
 from reagent_lite.training.sources import LazyBatch
 
@@ -31,8 +31,9 @@ class Update:
     runs; without, through their (DDP) wrappers.
 
     `precision` (`training.precision`) is the arithmetic of the whole step, both models'
-    forwards and backwards (`precision.step_precision`); `loss`, when given, replaces the
-    Q-trainer's `compute_loss` (`training.compile`: `compiled.CompiledLoss`)."""
+    forwards and backwards (`precision.step_precision`); `loss` / `cpe_loss`, when given,
+    replace the Q-trainer's and the CPE models' `compute_loss` (`training.compile`:
+    `compiled.CompiledLoss`, `compiled.CompiledCpeLoss`)."""
 
     def __init__(
         self,
@@ -44,6 +45,7 @@ class Update:
         *,
         precision: str = "fp32",
         loss: CompiledLoss | None = None,
+        cpe_loss: CompiledCpeLoss | None = None,
     ) -> None:
         self.trainer = trainer
         self.cpe = cpe
@@ -52,6 +54,7 @@ class Update:
         self.cpe_sync = cpe_sync
         self.precision = precision
         self.loss = loss
+        self.cpe_loss = cpe_loss
         self.device = loss_sum.device
 
     def __call__(self, batches: list[LazyBatch]) -> None:
@@ -59,13 +62,17 @@ class Update:
             record = self.trainer.train_step(batches, grad_sync=self.q_sync, loss=self.loss)
             self.loss_sum += record.total
             if self.cpe is not None:
-                self.cpe.train_step(batches[0], self.trainer.online, grad_sync=self.cpe_sync)
+                self.cpe.train_step(
+                    batches[0], self.trainer.online, grad_sync=self.cpe_sync, loss=self.cpe_loss
+                )
 
     def describe(self) -> str:
         """The step's arithmetic, e.g. "bf16 autocast, loss compiled by Inductor"."""
         parts = [{"fp32": "fp32", "tf32": "tf32 matmuls", "bf16": "bf16 autocast"}[self.precision]]
         if self.loss is not None:
             parts.append(self.loss.describe())
+        if self.cpe_loss is not None and self.cpe is not None:
+            parts.append("CPE models' loss " + ("eager" if self.cpe_loss.failed else "compiled"))
         return ", ".join(parts)
 
     def averaging_gradients(self, ctx: DistContext) -> Update:
@@ -79,6 +86,7 @@ class Update:
             cpe_sync=ctx.gradient_average(cpe.plain.parameters()) if cpe is not None else None,
             precision=self.precision,
             loss=self.loss,
+            cpe_loss=self.cpe_loss,
         )
 
     def modules(self) -> list[nn.Module]:

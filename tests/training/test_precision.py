@@ -98,6 +98,9 @@ def test_compiled_loss_trains_what_the_eager_loss_trains(tmp_path: Path) -> None
     assert "loss compiled by Inductor" in compiled.step_runner().describe()
     loss = compiled.step_runner().update.loss
     assert loss is not None and not loss.failed and loss.compile_s > 0
+    cpe_loss = compiled.step_runner().update.cpe_loss
+    assert cpe_loss is not None and not cpe_loss.failed and cpe_loss.compile_s > 0
+    assert "CPE models' loss compiled" in compiled.step_runner().describe()
     for x, y in zip(a, b, strict=True):
         torch.testing.assert_close(y, x, rtol=1e-5, atol=1e-6)
 
