@@ -2,14 +2,14 @@
 
 A `Workflow` runs inside every rank. It asks its `DistContext` only for collectives and
 for `is_rank_zero`; the kind (dqn or parametric_dqn) supplies tensors and networks, the
-step runner (`steps.py`) the optimizer steps, `checkpoint.py` saving and resuming,
+step runner (`steps.py`) the optimizer steps, `epoch_end.py` what follows each epoch,
+`resuming.py` the run's checkpoints and `--resume` (on top of `checkpoint.py`'s files),
 `selection.py` the model that is exported.
 """
 
 from __future__ import annotations
 
 import logging
-import math
 import sys
 import time
 from pathlib import Path
@@ -23,21 +23,21 @@ from reagent_lite.config import WorkflowConfig
 from reagent_lite.data.disk_stream import DiskShardStream
 from reagent_lite.data.tensordict import TensorDict
 from reagent_lite.distributed.context import DistContext
-from reagent_lite.errors import ConfigError, TrainingError
 from reagent_lite.evaluation.cpe_models import CpeModelTrainer, CpeNets, EvaluatedPolicy
-from reagent_lite.evaluation.evaluator import evaluate_cpe
 from reagent_lite.export import RunResult, write_outputs
 from reagent_lite.io_utils import output_errors
 from reagent_lite.kinds import EVAL_ONLY_FIELDS, FeatureSpace, Kind, get_kind
 from reagent_lite.normalization.module import Preprocessor
 from reagent_lite.normalization.params import NormalizationParameters
 from reagent_lite.training import checkpoint as ckpt
+from reagent_lite.training import resuming
 from reagent_lite.training.budget import check_fits
+from reagent_lite.training.epoch_end import as_float, end_epoch
 from reagent_lite.training.graphs import ddp_construction
 from reagent_lite.training.host_memory import keep_freed_memory
 from reagent_lite.training.metrics import MetricsWriter
 from reagent_lite.training.ownership import begin_run, check_same_job
-from reagent_lite.training.preemption import StopPoints, StopSignals, stopped
+from reagent_lite.training.preemption import StopPoints, StopSignals
 from reagent_lite.training.selection import ModelSelection
 from reagent_lite.training.shard import load_training_shard
 from reagent_lite.training.steps import StepRunner, build_step_runner, plan_steps
@@ -45,10 +45,6 @@ from reagent_lite.training.tracking import MlflowTracker
 from reagent_lite.training.verify import check_replicas, replica_digest, verify_every
 
 log = logging.getLogger("reagent_lite")
-
-
-def _float(t: Tensor | float) -> float:
-    return float(t.item()) if isinstance(t, Tensor) else float(t)
 
 
 class Workflow:
@@ -157,7 +153,7 @@ class Workflow:
                 tracker=MlflowTracker(cfg.mlflow, cfg) if cfg.mlflow is not None else None,
             )
         if self.resume:
-            self._restore()
+            resuming.restore(self)
 
     def load_training_data(self) -> None:
         """Reads, validates, tensorizes and normalizes this rank's training shard on the CPU
@@ -290,11 +286,11 @@ class Workflow:
                         )
                     else:
                         bar.set_postfix(loss=f"{loss:.4g}", refresh=False)
-                self._poll(epoch, step + 1, runner)
+                resuming.poll(self, epoch, step + 1, runner)
             bar.close()
             self._sync()
             elapsed = time.perf_counter() - start
-            self._end_epoch(epoch, runner.loss_sum, elapsed)
+            end_epoch(self, epoch, runner.loss_sum, elapsed)
         if self.verify_every:
             self._check_replicas()
             if ctx.is_rank_zero:
@@ -318,157 +314,10 @@ class Workflow:
 
     def _log_step(self, epoch: int, mean_loss: Tensor) -> float:
         """The epoch's running loss so far (global), also written to metrics.jsonl."""
-        loss = _float(self.ctx.all_reduce_mean(mean_loss.detach().clone()))
+        loss = as_float(self.ctx.all_reduce_mean(mean_loss.detach().clone()))
         if self.metrics is not None:
             self.metrics.write({"epoch": epoch, "steps": self.global_step, "loss": loss})
         return loss
-
-    def _end_epoch(self, epoch: int, loss_sum: Tensor, elapsed: float) -> None:
-        cfg, ctx = self.cfg, self.ctx
-        transitions = (
-            self.steps_per_epoch * cfg.training.minibatch_size * cfg.training.minibatches_per_step
-        )
-        stats = torch.stack(
-            [loss_sum.float(), torch.tensor(float(transitions), device=self.device)]
-        )
-        ctx.all_reduce_sum(stats)
-        slowest = max(ctx.all_gather_object(elapsed))
-        loss = _float(stats[0]) / (self.steps_per_epoch * ctx.world_size)
-        if not math.isfinite(loss):
-            # Every rank sees the same reduced loss, so every rank stops here together.
-            last = ckpt.latest_checkpoint(self.output_dir, self.run_id)
-            raise TrainingError(
-                f"the training loss became {loss} in epoch {epoch + 1}; stopping. "
-                f"Last good checkpoint: {last or 'none yet'}. Lower training.learning_rate, "
-                "set training.clip_grad_norm, or check the rewards for extreme values."
-            )
-        self.trainer.on_epoch_end()
-        record: dict[str, Any] = {
-            "epoch": epoch,
-            "steps": self.global_step,
-            "loss": loss,
-            "transitions_per_s": _float(stats[1]) / max(slowest, 1e-9),
-            "learning_rate": _float(self.trainer.optimizer.param_groups[0]["lr"]),
-            "world_size": ctx.world_size,
-        }
-        if ctx.is_rank_zero:
-            record.update(self._evaluate(epoch))
-            self.selection.offer(epoch, record, self.q_net)
-            self.history.append(record)
-            assert self.metrics is not None
-            self.metrics.write(record)
-            log.info(
-                "epoch %d: loss %.5f, %.0f transitions/s%s",
-                epoch + 1,
-                loss,
-                record["transitions_per_s"],
-                f", eval TD {record['eval_td_loss']:.5f}" if "eval_td_loss" in record else "",
-            )
-            if cfg.checkpoint_every_epochs and (epoch + 1) % cfg.checkpoint_every_epochs == 0:
-                ckpt.save_checkpoint(
-                    self.output_dir, self.run_id, epoch, self._checkpoint_state(epoch)
-                )
-
-    def _evaluate(self, epoch: int) -> dict[str, Any]:
-        """Eval TD loss and CPE estimates of the current model (rank 0, plain modules)."""
-        if self.eval_data is None:
-            return {}
-        out: dict[str, Any] = {}
-        self.q_net.eval()
-        try:
-            td = [self.trainer.eval_td_loss(c) for c in self.eval_data.chunks(65_536)]
-        finally:
-            self.q_net.train()
-        out["eval_td_loss"] = float(torch.stack(td).mean().item())
-        if self.cpe is not None:
-            out["cpe"] = evaluate_cpe(
-                self.kind,
-                self.q_net,
-                self.cpe_nets,
-                self.eval_data,
-                policy=self.cpe_policy,
-                gamma=self.cfg.rl.gamma,
-                n_bootstrap=self.cfg.evaluation.bootstrap_samples,
-                seed=self.cfg.seed + epoch,
-            )
-        return out
-
-    # ------------------------------------------------------------ checkpoints
-    def _checkpoint_state(self, epoch: int) -> dict[str, Any]:
-        return ckpt.run_state(
-            epoch=epoch,
-            global_step=self.global_step,
-            q_net=self.q_net,
-            trainer=self.trainer,
-            cpe=self.cpe,
-            best=self.selection.best,
-            history=self.history,
-            space=self.space.to_json(),
-            run_id=self.run_id,
-            config=self.cfg.model_dump(mode="json"),
-        )
-
-    def _poll(self, epoch: int, done: int, runner: StepRunner) -> None:
-        """After step `done` of `epoch`: a mid-epoch checkpoint when one is due, and a stop
-        (`Preempted`) when any rank received SIGTERM/SIGINT (preemption.py)."""
-        due, signum = self.stop_points.poll(done, self.global_step)
-        if not (due or signum):
-            return
-        ranks = self.stop_points.ranks_state(runner)
-        path = None
-        if self.ctx.is_rank_zero:
-            state = self._checkpoint_state(epoch)
-            state["position"] = {
-                "steps_done": done,
-                "world_size": self.ctx.world_size,
-                "ranks": ranks,
-            }
-            path = ckpt.save_checkpoint(self.output_dir, self.run_id, epoch, state, step=done)
-            self.stop_points.cadence.written()
-            log.info("mid-epoch checkpoint %s", path)
-        if signum:
-            raise stopped(signum, epoch, done, self.global_step, path)
-
-    def _restore(self) -> None:
-        found = ckpt.restore(
-            self.ctx,
-            self.output_dir,
-            run_id=self.run_id,
-            config=self.cfg.model_dump(mode="json"),
-            space=self.space.to_json(),
-            q_net=self.q_net,
-            trainer=self.trainer,
-            cpe=self.cpe,
-        )
-        if found is None:
-            if self.ctx.is_rank_zero:
-                log.warning(
-                    "--resume: no checkpoint under %s; starting from scratch", self.output_dir
-                )
-            if self.metrics is not None:
-                self.metrics.drop_after(-1)
-            return
-        resumed, state = found
-        self.selection.best = resumed.best
-        self.history = resumed.history
-        self.start_epoch = resumed.epoch + 1
-        self.global_step = resumed.global_step
-        position = state.get("position")
-        if position is not None:  # mid-epoch: the same epoch goes on after its last step
-            if position["world_size"] != self.ctx.world_size:
-                raise ConfigError(
-                    f"--resume: checkpoint {resumed.path} was written mid-epoch by "
-                    f"{position['world_size']} ranks; this run has {self.ctx.world_size} "
-                    "(each rank's batch stream depends on it): resume with the same layout"
-                )
-            self._position = position
-            self.start_epoch = resumed.epoch
-        if self.metrics is not None:
-            # Records of the steps being redone (a crash mid-epoch, or after the last
-            # checkpoint) would otherwise appear twice in metrics.jsonl and the report.
-            self.metrics.drop_after(resumed.epoch, steps=resumed.global_step)
-        if self.ctx.is_rank_zero:
-            log.info("resumed from %s at epoch %d", resumed.path, self.start_epoch + 1)
 
     # ------------------------------------------------------------------- save
     def final_model(self) -> nn.Module:
