@@ -26,7 +26,6 @@ import argparse
 import json
 import statistics
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -111,27 +110,14 @@ def load_table(path: Path) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarr
 
 
 def d3rlpy_figures(cfg: dict[str, Any], seeds: list[int], episodes: int) -> dict[str, list[float]]:
-    import logging
-
     import d3rlpy
-    import structlog
 
-    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
-    obs, actions, rewards, terminals = load_table(Path(cfg["training_data_path"]))
-    dataset = d3rlpy.dataset.MDPDataset(obs, actions, rewards, terminals, action_size=3)
-    rl, training = cfg.get("rl", {}), cfg["training"]
-    hidden = [int(h) for h in training["layers"][1:-1]]
-    batch = int(training["minibatch_size"]) * int(training.get("minibatches_per_step", 1))
-    steps = int(cfg["epochs"]) * -(-len(obs) // batch)
-    common: dict[str, Any] = {
-        "batch_size": batch,
-        "gamma": float(rl.get("gamma", 0.99)),
-        "learning_rate": float(training["learning_rate"]),
-        "encoder_factory": d3rlpy.models.VectorEncoderFactory(hidden_units=hidden),
-        "observation_scaler": d3rlpy.preprocessing.StandardObservationScaler(),
-        "target_update_interval": max(1, round(1.0 / float(rl.get("target_update_rate", 0.01)))),
-    }
-    alpha = float(training.get("cql_alpha") or 1.0)
+    from benchmarks.d3rlpy_match import fit_and_score, matched_settings, quiet
+
+    quiet()
+    arrays = load_table(Path(cfg["training_data_path"]))
+    common, steps = matched_settings(cfg, len(arrays[0]))
+    alpha = float(cfg["training"].get("cql_alpha") or 1.0)
     algos: dict[str, Callable[[], Any]] = {
         "d3rlpy DoubleDQN": lambda: d3rlpy.algos.DoubleDQNConfig(**common),
         f"d3rlpy DiscreteCQL(alpha={alpha:g})": lambda: d3rlpy.algos.DiscreteCQLConfig(
@@ -141,35 +127,9 @@ def d3rlpy_figures(cfg: dict[str, Any], seeds: list[int], episodes: int) -> dict
             action_flexibility=BCQ_THRESHOLD, **common
         ),
     }
-    print(
-        f"d3rlpy {d3rlpy.__version__}: {steps} updates of batch {batch}, hidden {hidden}, "
-        f"gamma {common['gamma']}, lr {common['learning_rate']}, "
-        f"target_update_interval {common['target_update_interval']}",
-        flush=True,
+    return fit_and_score(
+        arrays, 3, algos, steps, seeds, lambda algo: rollout_policy(greedy_of(algo), episodes)
     )
-    out: dict[str, list[float]] = {}
-    for name, make in algos.items():
-        out[name] = []
-        for seed in seeds:
-            d3rlpy.seed(seed)
-            algo = make().create(device="cpu:0")
-            start = time.perf_counter()
-            algo.fit(
-                dataset,
-                n_steps=steps,
-                n_steps_per_epoch=steps,
-                show_progress=False,
-                save_interval=steps + 1,
-                logger_adapter=d3rlpy.logging.NoopAdapterFactory(),
-            )
-            mean = rollout_policy(greedy_of(algo), episodes)
-            out[name].append(mean)
-            print(
-                f"  {name} seed {seed}: mean return {mean:.1f} "
-                f"({time.perf_counter() - start:.0f} s)",
-                flush=True,
-            )
-    return out
 
 
 def main(argv: list[str] | None = None) -> int:

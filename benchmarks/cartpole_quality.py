@@ -120,77 +120,38 @@ def load_episodes(
 def d3rlpy_figures(
     workflow: str, cfg: dict[str, Any], seeds: list[int], episodes: int
 ) -> dict[str, list[float]]:
-    import logging
-
     import d3rlpy
     import gymnasium as gym
-    import structlog
 
-    # d3rlpy logs every step of its setup to stdout through structlog: keep warnings only.
-    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
-    obs, actions, rewards, terminals = load_episodes(Path(cfg["training_data_path"]), workflow)
-    dataset = d3rlpy.dataset.MDPDataset(obs, actions, rewards, terminals, action_size=2)
-    rl, training = cfg.get("rl", {}), cfg.get("training", {})
-    hidden = [int(h) for h in training["layers"][1:-1]]
-    batch = int(training["minibatch_size"]) * int(training.get("minibatches_per_step", 1))
-    n_rows = len(obs)
-    steps = int(cfg["epochs"]) * -(-n_rows // batch)  # the workflow's steps per epoch × epochs
-    common = {
-        "batch_size": batch,
-        "gamma": float(rl.get("gamma", 0.99)),
-        "learning_rate": float(training["learning_rate"]),
-        "encoder_factory": d3rlpy.models.VectorEncoderFactory(hidden_units=hidden),
-        "observation_scaler": d3rlpy.preprocessing.StandardObservationScaler(),
-        "target_update_interval": max(1, round(1.0 / float(rl.get("target_update_rate", 0.01)))),
-    }
-    alpha = float(training.get("cql_alpha") or 1.0)
+    from benchmarks.d3rlpy_match import fit_and_score, matched_settings, quiet
+
+    quiet()
+    arrays = load_episodes(Path(cfg["training_data_path"]), workflow)
+    common, steps = matched_settings(cfg, len(arrays[0]))
+    alpha = float(cfg["training"].get("cql_alpha") or 1.0)
     algos = {
         "d3rlpy DoubleDQN": lambda: d3rlpy.algos.DoubleDQNConfig(**common),
         f"d3rlpy DiscreteCQL(alpha={alpha:g})": lambda: d3rlpy.algos.DiscreteCQLConfig(
             alpha=alpha, **common
         ),
     }
-    print(
-        f"d3rlpy {d3rlpy.__version__}: {steps} updates of batch {batch}, hidden {hidden}, "
-        f"gamma {common['gamma']}, lr {common['learning_rate']}, "
-        f"target_update_interval {common['target_update_interval']}",
-        flush=True,
-    )
-    out: dict[str, list[float]] = {}
-    for name, make in algos.items():
-        out[name] = []
-        for seed in seeds:
-            d3rlpy.seed(seed)
-            algo = make().create(device="cpu:0")
-            start = time.perf_counter()
-            algo.fit(
-                dataset,
-                n_steps=steps,
-                n_steps_per_epoch=steps,
-                show_progress=False,
-                save_interval=steps + 1,
-                logger_adapter=d3rlpy.logging.NoopAdapterFactory(),
-            )
-            env = gym.make("CartPole-v1")
-            returns = []
-            for ep in range(episodes):
-                o, _ = env.reset(seed=ROLLOUT_SEED + ep)
-                total, done = 0.0, False
-                while not done:
-                    a = int(algo.predict(np.asarray(o, dtype=np.float32)[None])[0])
-                    o, r, term, trunc, _ = env.step(a)
-                    total += float(r)
-                    done = bool(term or trunc)
-                returns.append(total)
-            env.close()
-            mean = float(np.mean(returns))
-            out[name].append(mean)
-            print(
-                f"  {name} seed {seed}: mean return {mean:.1f} "
-                f"({time.perf_counter() - start:.0f} s)",
-                flush=True,
-            )
-    return out
+
+    def score(algo: Any) -> float:
+        env = gym.make("CartPole-v1")
+        returns = []
+        for ep in range(episodes):
+            o, _ = env.reset(seed=ROLLOUT_SEED + ep)
+            total, done = 0.0, False
+            while not done:
+                a = int(algo.predict(np.asarray(o, dtype=np.float32)[None])[0])
+                o, r, term, trunc, _ = env.step(a)
+                total += float(r)
+                done = bool(term or trunc)
+            returns.append(total)
+        env.close()
+        return float(np.mean(returns))
+
+    return fit_and_score(arrays, 2, algos, steps, seeds, score)
 
 
 def main(argv: list[str] | None = None) -> int:
