@@ -56,6 +56,7 @@ def end_epoch(wf: Workflow, epoch: int, loss_sum: Tensor, elapsed: float) -> Non
     }
     if ctx.is_rank_zero:
         record.update(evaluate(wf, epoch))
+        record.update(wf.divergence(wf, epoch))
         wf.selection.offer(epoch, record, wf.q_net)
         wf.history.append(record)
         assert wf.metrics is not None

@@ -32,6 +32,7 @@ from reagent_lite.normalization.params import NormalizationParameters
 from reagent_lite.training import checkpoint as ckpt
 from reagent_lite.training import resuming
 from reagent_lite.training.budget import check_fits
+from reagent_lite.training.divergence import DivergenceCheck, q_bound
 from reagent_lite.training.epoch_end import as_float, end_epoch
 from reagent_lite.training.graphs import ddp_construction
 from reagent_lite.training.host_memory import keep_freed_memory
@@ -152,6 +153,7 @@ class Workflow:
                 tensorboard=cfg.tensorboard,
                 tracker=MlflowTracker(cfg.mlflow, cfg) if cfg.mlflow is not None else None,
             )
+        self.divergence = DivergenceCheck(q_bound(self))
         if self.resume:
             resuming.restore(self)
 
