@@ -223,18 +223,20 @@ def stream_transitions(
     )
     reader = con.sql(sql).to_arrow_reader(batch_rows)
     layout = Layout.of(reader.schema, columns)
-    return layout.schema, paired_batches(_read_ahead(reader, con.interrupt), layout)
+    return layout.schema, _read_ahead(paired_batches(reader, layout), con.interrupt)
 
 
 _END = object()
+_Item = tuple[Side, pa.RecordBatch]
 
 
 def _read_ahead(
-    reader: pa.RecordBatchReader, interrupt: Callable[[], None], depth: int = 2
-) -> Iterator[pa.RecordBatch]:
-    """`reader`'s batches, fetched by a thread: DuckDB merges and converts the next batch
-    while the caller pairs and writes this one (both release the GIL). A caller that stops
-    early (an error, Ctrl-C) interrupts the query rather than wait for its sort."""
+    batches: Iterator[_Item], interrupt: Callable[[], None], depth: int = 2
+) -> Generator[_Item, None, None]:
+    """`batches`, produced by a thread: DuckDB merges and converts the next batch and it is
+    paired while the caller writes this one (Arrow and DuckDB release the GIL), which keeps
+    the writer, the longest single-threaded part, busy. A caller that stops early (an
+    error, Ctrl-C) interrupts the query rather than wait for its sort."""
     items: queue.Queue[object] = queue.Queue(maxsize=depth)
     stop = threading.Event()
 
@@ -249,8 +251,8 @@ def _read_ahead(
 
     def produce() -> None:
         try:
-            for batch in reader:
-                if not put(batch):
+            for item in batches:
+                if not put(item):
                     return
             put(_END)
         except BaseException as err:  # handed to the caller, raised there
@@ -263,7 +265,7 @@ def _read_ahead(
         while (item := items.get()) is not _END:
             if isinstance(item, BaseException):
                 raise item
-            yield item
+            yield item  # type: ignore[misc]
         finished = True
     finally:
         stop.set()
