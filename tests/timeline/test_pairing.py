@@ -140,3 +140,25 @@ def test_a_gap_beyond_64_bits_is_a_data_error(tmp_path) -> None:
             seed=0, settings=DuckSettings(threads=1),
         )  # fmt: skip
     assert not list(tmp_path.glob("*t.parquet*"))  # neither the table nor its temporary file
+
+
+def test_a_caller_that_stops_early_leaves_no_thread_behind(steps, tmp_path) -> None:
+    import threading
+    import time
+
+    from reagent_lite.timeline.duck import stream_transitions
+
+    src = write_parts(steps, tmp_path / "steps")
+    before = threading.active_count()
+    with connect(DuckSettings(threads=2)) as con:
+        columns = open_steps(con, src)
+        _, stream = stream_transitions(
+            con, columns, ["all"], eval_fraction=0.0, seed=0, batch_rows=3
+        )
+        side, batch = next(stream)
+        assert side == "all" and batch.num_rows == 3
+        start = time.monotonic()
+        stream.close()
+        assert time.monotonic() - start < 10
+        assert threading.active_count() == before
+        assert con.execute("SELECT count(*) FROM steps").fetchone() == (steps.num_rows,)
