@@ -1,27 +1,35 @@
 """The timeline on DuckDB: embedded, out of core, every core (the default engine).
 
-DuckDB runs the queries of `query.py` over a Parquet file or directory (read in place,
-only the columns a query needs) or JSON Lines (parsed once into a temporary table). Its
-sorts spill to a temporary directory when they outgrow `memory_limit`, so a step log of
-any size runs in bounded memory; its threads cover every core unless told otherwise.
+DuckDB runs the checks of `query.py` and its one sort of the steps (`sorted_steps_sql`)
+over a Parquet file or directory (read in place, only the columns a query needs) or JSON
+Lines (parsed once into a temporary table). The sort spills to a temporary directory when
+it outgrows `memory_limit`, so a step log of any size runs in bounded memory; its threads
+cover every core unless told otherwise. The sorted steps stream out as Arrow batches, are
+paired in Arrow (`pairing.py`: the values of `transitions_sql`, without its second sort
+and window) and written by Arrow's Parquet writer, which costs about half the CPU of
+DuckDB's on these nested columns (benchmarks/RESULTS.md).
 """
 
 from __future__ import annotations
 
 import os
+import queue
 import re
 import shutil
 import tempfile
-from collections.abc import Iterator
-from contextlib import contextmanager
+import threading
+from collections.abc import Callable, Collection, Generator, Iterator
+from contextlib import closing, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 import duckdb
 import pyarrow as pa
+import pyarrow.parquet as pq
 
 from reagent_lite.errors import ConfigError, DataError, ReagentLiteError
 from reagent_lite.timeline.files import step_files
+from reagent_lite.timeline.pairing import Layout, paired_batches
 from reagent_lite.timeline.query import (
     Kind,
     Side,
@@ -29,13 +37,20 @@ from reagent_lite.timeline.query import (
     checks_sql,
     duplicates_sql,
     raise_for_checks,
-    transitions_sql,
+    sorted_steps_sql,
 )
 
 # Row-group size of written tables: small enough that a few thousand episodes still give
 # every rank of a multi-GPU job its own row groups (docs/DISTRIBUTED.md).
 ROW_GROUP_SIZE = 16_384
 DEFAULT_MEMORY_LIMIT = "1GB"
+# Rows per Arrow batch of the sorted stream, one row group's worth: per-batch work stays
+# amortised, and the batches in flight (about four) stay small beside DuckDB's memory
+# limit (65,536 rows took 0.14 GiB more peak memory at 5M steps, for the same CPU time).
+STREAM_BATCH_ROWS = ROW_GROUP_SIZE
+# Parquet statistics only for the key columns (a reader may prune row groups by episode):
+# min/max of every map key and value was a fifth of the writer's CPU time.
+_STATISTICS = ["mdp_id", "sequence_number"]
 _INTEGER = {
     "TINYINT",
     "SMALLINT",
@@ -193,16 +208,123 @@ def check_values(con: duckdb.DuckDBPyConnection, columns: StepColumns) -> None:
         raise_for_checks(columns.source, dict(zip(names, row, strict=False)))
 
 
-def transitions(
+def stream_transitions(
     con: duckdb.DuckDBPyConnection,
     columns: StepColumns,
-    side: Side,
+    sides: Collection[Side],
+    *,
     eval_fraction: float,
     seed: int,
-) -> duckdb.DuckDBPyRelation:
-    return con.sql(
-        transitions_sql(columns, DuckDialect(), side=side, eval_fraction=eval_fraction, seed=seed)
+    batch_rows: int = STREAM_BATCH_ROWS,
+) -> tuple[pa.Schema, Generator[tuple[Side, pa.RecordBatch], None, None]]:
+    """The transitions of `sides` as Arrow batches (train before eval, each sorted by
+    mdp_id and sequence_number), and their schema. Close the iterator when done early."""
+    sql = sorted_steps_sql(
+        columns, DuckDialect(), sides=sides, eval_fraction=eval_fraction, seed=seed
     )
+    reader = con.sql(sql).to_arrow_reader(batch_rows)
+    layout = Layout.of(reader.schema, columns)
+    return layout.schema, _read_ahead(paired_batches(reader, layout), con.interrupt)
+
+
+_END = object()
+_Item = tuple[Side, pa.RecordBatch]
+
+
+def _read_ahead(
+    batches: Iterator[_Item], interrupt: Callable[[], None], depth: int = 2
+) -> Generator[_Item, None, None]:
+    """`batches`, produced by a thread: DuckDB merges and converts the next batch and it is
+    paired while the caller writes this one (Arrow and DuckDB release the GIL), which keeps
+    the writer, the longest single-threaded part, busy. A caller that stops early (an
+    error, Ctrl-C) interrupts the query rather than wait for its sort."""
+    items: queue.Queue[object] = queue.Queue(maxsize=depth)
+    stop = threading.Event()
+
+    def put(item: object) -> bool:
+        while not stop.is_set():
+            try:
+                items.put(item, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def produce() -> None:
+        try:
+            for item in batches:
+                if not put(item):
+                    return
+            put(_END)
+        except BaseException as err:  # handed to the caller, raised there
+            put(err)
+
+    thread = threading.Thread(target=produce, name="timeline-read-ahead", daemon=True)
+    thread.start()
+    finished = False
+    try:
+        while (item := items.get()) is not _END:
+            if isinstance(item, BaseException):
+                raise item
+            yield item  # type: ignore[misc]
+        finished = True
+    finally:
+        stop.set()
+        if not finished:
+            interrupt()
+        thread.join()
+
+
+class _TableFile:
+    """One side's Parquet file, written into a temporary name beside it, in row groups of
+    ROW_GROUP_SIZE rows (the last one fewer) whatever the sizes of the batches."""
+
+    def __init__(self, path: Path, schema: pa.Schema) -> None:
+        self.path, self.schema = path, schema
+        self.tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+        self.writer = pq.ParquetWriter(
+            self.tmp,
+            schema,
+            compression="snappy",
+            use_dictionary=_string_columns(schema),
+            write_statistics=[c for c in _STATISTICS if c in schema.names],
+        )
+        self.pending: list[pa.RecordBatch] = []
+        self.buffered = self.rows = 0
+
+    def write(self, batch: pa.RecordBatch) -> None:
+        self.pending.append(batch)
+        self.buffered += batch.num_rows
+        if self.buffered >= ROW_GROUP_SIZE:
+            self._flush(self.buffered - self.buffered % ROW_GROUP_SIZE)
+
+    def _flush(self, rows: int) -> None:
+        table = pa.Table.from_batches(self.pending, self.schema)
+        self.writer.write_table(table.slice(0, rows), row_group_size=ROW_GROUP_SIZE)
+        self.pending = table.slice(rows).to_batches()
+        self.buffered -= rows
+        self.rows += rows
+
+    def commit(self) -> None:
+        if self.buffered:
+            self._flush(self.buffered)
+        self.writer.close()
+        os.replace(self.tmp, self.path)
+
+    def discard(self) -> None:
+        self.writer.close()
+        self.tmp.unlink(missing_ok=True)
+
+
+def _string_columns(schema: pa.Schema) -> list[str]:
+    """Parquet paths of the string leaves (map keys, action names, ids): dictionary-encoded,
+    which keeps files small and lets readers decode feature ids as dictionaries; numbers
+    are not (their dictionaries fill up and are dropped, after costing the writer time)."""
+    sink = pa.BufferOutputStream()
+    pq.write_table(schema.empty_table(), sink)
+    meta = pq.ParquetFile(pa.BufferReader(sink.getvalue())).schema
+    leaves = (meta.column(i) for i in range(len(meta)))
+    return [c.path for c in leaves if c.physical_type == "BYTE_ARRAY"]
 
 
 def build_training_table(
@@ -223,9 +345,20 @@ def build_training_table(
         columns = describe(con, source)
         columns.check()
         check_values(con, columns)
-        train = transitions(con, columns, "train", eval_fraction, seed).to_arrow_table()
-        evaluation = transitions(con, columns, "eval", eval_fraction, seed).to_arrow_table()
-    return train, evaluation
+        schema, stream = stream_transitions(
+            con, columns, ("train", "eval"), eval_fraction=eval_fraction, seed=seed
+        )
+        batches: dict[Side, list[pa.RecordBatch]] = {"train": [], "eval": []}
+        try:
+            with closing(stream):
+                for side, batch in stream:
+                    batches[side].append(batch)
+        except DataError as err:  # from pairing: name the input
+            raise DataError(f"{source}: {err}") from err
+    return (
+        pa.Table.from_batches(batches["train"], schema),
+        pa.Table.from_batches(batches["eval"], schema),
+    )
 
 
 def write_sides(
@@ -235,33 +368,38 @@ def write_sides(
     eval_fraction: float,
     seed: int,
     settings: DuckSettings,
+    batch_rows: int = STREAM_BATCH_ROWS,
 ) -> dict[Side, int]:
     """Read the step log, check it, and write each side's transitions to its Parquet file
     (atomically: a temporary file beside it, then a rename). Returns rows per side."""
-    written: dict[Side, int] = {}
     with connect(settings) as con:
         columns = open_steps(con, input_path)
         check_values(con, columns)
-        for side, path in outputs.items():
-            path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-            query = transitions_sql(
-                columns, DuckDialect(), side=side, eval_fraction=eval_fraction, seed=seed
-            )
-            try:
-                row = con.execute(
-                    f"COPY ({query}) TO '{_sql_string(str(tmp))}' "
-                    f"(FORMAT parquet, ROW_GROUP_SIZE {ROW_GROUP_SIZE})"
-                ).fetchall()
-                os.replace(tmp, path)
-            except duckdb.OutOfMemoryException as err:
+        files: dict[Side, _TableFile] = {}
+        try:
+            schema, stream = stream_transitions(
+                con, columns, list(outputs), eval_fraction=eval_fraction, seed=seed,
+                batch_rows=batch_rows,
+            )  # fmt: skip
+            for side, path in outputs.items():
+                path.parent.mkdir(parents=True, exist_ok=True)
+                files[side] = _TableFile(path, schema)
+            with closing(stream):
+                for side, batch in stream:
+                    files[side].write(batch)
+            for table_file in files.values():
+                table_file.commit()
+        except DataError as err:  # from pairing: name the input
+            raise DataError(f"{input_path}: {err}") from err
+        except (duckdb.Error, pa.ArrowException) as err:
+            if isinstance(err, duckdb.OutOfMemoryException) or "Out of Memory" in str(err):
                 raise ReagentLiteError(
                     f"{input_path}: DuckDB ran out of memory ({_first_line(err)}); raise "
                     "--memory-limit or point --temp-dir at a disk with more free space"
                 ) from err
-            except duckdb.Error as err:
-                raise DataError(f"{input_path}: {_first_line(err)}") from err
-            finally:
-                tmp.unlink(missing_ok=True)
-            written[side] = int(row[0][0]) if row else 0
-    return written
+            raise DataError(f"{input_path}: {_first_line(err)}") from err
+        finally:
+            for table_file in files.values():
+                if table_file.tmp.exists():
+                    table_file.discard()
+    return {side: table_file.rows for side, table_file in files.items()}

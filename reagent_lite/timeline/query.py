@@ -16,7 +16,7 @@ hex strings, which orders them as numbers.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
@@ -218,6 +218,39 @@ def split_condition(side: Side, eval_fraction: float, seed: int) -> str:
     return f"{digest} {op} '{eval_threshold(eval_fraction)}'"
 
 
+Terminal = Literal["zeros", "empty", "null"]
+# The stream of `sorted_steps_sql`: a boolean column, true for the eval side.
+EVAL_FLAG = "__reagent_eval"
+
+
+def terminal(src: str, kind: Kind) -> Terminal:
+    """What a next_* column holds on an episode's last step: zeros as long as the row's own
+    `state`, an empty map or list, or null."""
+    if src == "state":
+        return "zeros"
+    return "empty" if kind in ("map", "list") else "null"
+
+
+def pairs(columns: StepColumns) -> dict[str, str]:
+    """next_* column → the step column whose next value it holds (those the log has)."""
+    return {dst: src for src, dst in PAIRED.items() if src in columns.types}
+
+
+def step_select(columns: StepColumns, dialect: Dialect) -> dict[str, str]:
+    """A transition's own columns (the step's values): output name → SQL expression."""
+    prop = columns.propensity()
+    present = set(columns.names) - ({"propensity"} if prop == "propensity" else set())
+    select = {c: dialect.quote(c) for c in columns.names if c in present}
+    if prop == "propensity":
+        select["action_probability"] = "propensity"
+    return select
+
+
+def output_order(names: Collection[str]) -> list[str]:
+    """The training table's column order: OUTPUT_ORDER first, other columns after, as given."""
+    return [c for c in OUTPUT_ORDER if c in names] + [c for c in names if c not in OUTPUT_ORDER]
+
+
 def transitions_sql(
     columns: StepColumns,
     dialect: Dialect,
@@ -235,32 +268,22 @@ def transitions_sql(
     is 1. `order`: sort the result by (mdp_id, sequence_number). `table`: the step log's
     table or view.
     """
-    names = columns.names
-    prop = columns.propensity()
-    present = set(names) - ({"propensity"} if prop == "propensity" else set())
-    q = dialect.quote
-    select: dict[str, str] = {c: q(c) for c in names if c in present}
-    if prop == "propensity":
-        select["action_probability"] = "propensity"
+    select = step_select(columns, dialect)
     has_next = "LEAD(sequence_number) OVER w IS NOT NULL"
-    for src, dst in PAIRED.items():
-        if src not in names:
-            continue
+    for dst, src in pairs(columns).items():
         type_name, kind = columns.types[src]
-        if src == "state":
-            terminal = dialect.zeros_like(src, type_name)
-        elif kind in ("map", "list"):
-            terminal = dialect.empty(type_name, kind)
+        end = terminal(src, kind)
+        if end == "zeros":
+            value = dialect.zeros_like(src, type_name)
+        elif end == "empty":
+            value = dialect.empty(type_name, kind)
         else:
-            terminal = "NULL"
-        select[dst] = f"CASE WHEN {has_next} THEN LEAD({src}) OVER w ELSE {terminal} END"
+            value = "NULL"
+        select[dst] = f"CASE WHEN {has_next} THEN LEAD({src}) OVER w ELSE {value} END"
     select["time_diff"] = (
         "CAST(coalesce((LEAD(sequence_number) OVER w) - sequence_number, 1) AS BIGINT)"
     )
-    ordered = [c for c in OUTPUT_ORDER if c in select] + [
-        c for c in select if c not in OUTPUT_ORDER
-    ]
-    body = ",\n  ".join(f"{select[c]} AS {q(c)}" for c in ordered)
+    body = ",\n  ".join(f"{select[c]} AS {dialect.quote(c)}" for c in output_order(select))
     sql = (
         f"SELECT\n  {body}\nFROM (SELECT * FROM {table} WHERE "
         f"{split_condition(side, eval_fraction, seed)}) AS s\n"
@@ -269,3 +292,32 @@ def transitions_sql(
     if order:
         sql += "\nORDER BY mdp_id, sequence_number"
     return sql
+
+
+def sorted_steps_sql(
+    columns: StepColumns,
+    dialect: Dialect,
+    *,
+    sides: Collection[Side],
+    eval_fraction: float = 0.0,
+    seed: int = 0,
+    table: str = "steps",
+) -> str:
+    """The steps of `sides`, each with its own columns (`step_select`), sorted by side (train
+    before eval, as `EVAL_FLAG`), mdp_id and sequence_number: the one sort of an engine that
+    pairs each row with the row after it (`pairing.py`), which in this order is the `LEAD`
+    of `transitions_sql` whenever both rows belong to one episode."""
+    select = step_select(columns, dialect)
+    body = ", ".join(f"{select[c]} AS {dialect.quote(c)}" for c in output_order(select))
+    if set(sides) == {"all"}:
+        return f"SELECT {body} FROM {table} ORDER BY mdp_id, sequence_number"
+    if "all" in sides:
+        raise ValueError(f"sides: 'all' cannot be mixed with train/eval (got {sorted(sides)})")
+    where = (
+        "TRUE" if len(set(sides)) == 2 else split_condition(next(iter(sides)), eval_fraction, seed)
+    )
+    flag = f"({split_condition('eval', eval_fraction, seed)}) AS {dialect.quote(EVAL_FLAG)}"
+    return (
+        f"SELECT {body}, {flag} FROM {table} WHERE {where} "
+        f"ORDER BY {dialect.quote(EVAL_FLAG)}, mdp_id, sequence_number"
+    )

@@ -1,0 +1,164 @@
+"""DuckDB's plan (one sort, then pairing neighbouring rows in Arrow) writes what the SQL of
+`transitions_sql` gives when DuckDB executes it as written: the same rows in the same
+order, of the same types, however the sorted stream is cut into batches."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from reagent_lite.errors import DataError
+from reagent_lite.timeline import ROW_GROUP_SIZE, DuckSettings, build_training_table
+from reagent_lite.timeline.duck import DuckDialect, connect, describe, open_steps, write_sides
+from reagent_lite.timeline.query import Side, transitions_sql
+from tests.timeline.conftest import write_parts
+
+FMAP = pa.map_(pa.string(), pa.float64())
+
+
+def sql_tables(con, columns, sides: tuple[Side, ...], eval_fraction: float) -> dict[str, pa.Table]:
+    """Each side's transitions from `transitions_sql` as written (window, then ORDER BY)."""
+    return {
+        side: con.sql(
+            transitions_sql(columns, DuckDialect(), side=side, eval_fraction=eval_fraction, seed=5)
+        ).to_arrow_table()
+        for side in sides
+    }
+
+
+def dense_parametric_steps(rng: np.random.Generator, episodes: int) -> pa.Table:
+    """Dense `state` lists (one null), map actions, the `propensity` alias, int ids and
+    int32 sequence numbers with gaps, shuffled."""
+    lengths = rng.integers(1, 6, episodes)
+    n = int(lengths.sum())
+    seq = np.concatenate([np.cumsum(rng.integers(1, 4, k)) for k in lengths]).astype(np.int32)
+    states: list[list[float] | None] = [[float(i), -1.0, 0.5] for i in range(n)]
+    states[3] = None
+    actions = [{"100": float(i % 2), "101": float(1 - i % 2)} for i in range(n)]
+    table = pa.table(
+        {
+            "mdp_id": pa.array(np.repeat(np.arange(episodes) * 7, lengths)),
+            "sequence_number": pa.array(seq),
+            "state": pa.array(states, pa.list_(pa.float32())),
+            "action": pa.array(actions, FMAP),
+            "reward": pa.array(rng.normal(size=n)),
+            "possible_actions": pa.array([[a, a] for a in actions], pa.list_(FMAP)),
+            "propensity": pa.array(rng.uniform(0.1, 1.0, n)),
+        }
+    )
+    return table.take(rng.permutation(n))
+
+
+@pytest.mark.parametrize("batch_rows", [1, 7, 500])
+def test_streamed_pairs_equal_the_sql_across_batches(steps, tmp_path, batch_rows: int) -> None:
+    # ~1,200 steps cut into batches of 1, 7 and 500 rows: episodes, and the train → eval
+    # boundary, fall across batches and inside them.
+    src = write_parts(steps, tmp_path / "steps")
+    outputs: dict[Side, Path] = {
+        "train": tmp_path / "train.parquet",
+        "eval": tmp_path / "eval.parquet",
+    }
+    settings = DuckSettings(memory_limit="256MB", threads=2)
+    written = write_sides(
+        src, outputs, eval_fraction=0.3, seed=5, settings=settings, batch_rows=batch_rows
+    )
+    with connect(settings) as con:
+        want = sql_tables(con, open_steps(con, src), ("train", "eval"), 0.3)
+    for side in ("train", "eval"):
+        got = pq.read_table(outputs[side])
+        assert got.schema == want[side].schema, side
+        assert got.to_pylist() == want[side].to_pylist(), side
+        assert written[side] == want[side].num_rows > 0
+
+
+def test_dense_states_map_actions_and_the_alias_equal_the_sql(tmp_path) -> None:
+    steps = dense_parametric_steps(np.random.default_rng(3), 40)
+    src = tmp_path / "steps.parquet"
+    pq.write_table(steps, src)
+    settings = DuckSettings(threads=2)
+    write_sides(
+        src, {"all": tmp_path / "all.parquet"}, eval_fraction=0.0, seed=5, settings=settings,
+        batch_rows=5,
+    )  # fmt: skip
+    with connect(settings) as con:
+        want = sql_tables(con, open_steps(con, src), ("all",), 0.0)["all"]
+    got = pq.read_table(tmp_path / "all.parquet")
+    assert got.schema == want.schema
+    assert got.to_pylist() == want.to_pylist()
+    terminal = [r for r in got.to_pylist() if r["time_diff"] == 1 and r["next_action"] == []]
+    assert terminal and all(r["next_state"] in (None, [0.0, 0.0, 0.0]) for r in terminal)
+
+
+def test_in_memory_fixed_size_states_equal_the_sql() -> None:
+    # An Arrow table with fixed-size `state` lists (DuckDB's ARRAY type) in memory.
+    steps = dense_parametric_steps(np.random.default_rng(4), 30)
+    fixed = pa.array(
+        [s if s is not None else None for s in steps.column("state").to_pylist()],
+        pa.list_(pa.float32(), 3),
+    )
+    steps = steps.set_column(steps.schema.get_field_index("state"), "state", fixed)
+    train, evaluation = build_training_table(steps, eval_fraction=0.4, seed=5)
+    with connect(DuckSettings()) as con:
+        con.register("steps_arrow", steps)
+        con.execute("CREATE VIEW steps AS SELECT * FROM steps_arrow")
+        want = sql_tables(con, describe(con, "<steps>"), ("train", "eval"), 0.4)
+    assert train.schema.field("next_state").type == pa.list_(pa.float32(), 3)
+    for side, got in (("train", train), ("eval", evaluation)):
+        assert got.schema == want[side].schema, side
+        assert got.to_pylist() == want[side].to_pylist(), side
+
+
+def test_row_groups_are_full_whatever_the_batches(tmp_path) -> None:
+    from benchmarks.bench_timeline import step_log
+
+    big = step_log(np.random.default_rng(1), 0, 2_500)  # ~50k steps
+    pq.write_table(big, tmp_path / "steps.parquet")
+    write_sides(
+        tmp_path / "steps.parquet", {"all": tmp_path / "t.parquet"}, eval_fraction=0.0, seed=0,
+        settings=DuckSettings(threads=2), batch_rows=5_000,
+    )  # fmt: skip
+    meta = pq.ParquetFile(tmp_path / "t.parquet").metadata
+    sizes = [meta.row_group(i).num_rows for i in range(meta.num_row_groups)]
+    assert sizes[:-1] == [ROW_GROUP_SIZE] * (len(sizes) - 1) and 0 < sizes[-1] <= ROW_GROUP_SIZE
+    assert sum(sizes) == big.num_rows
+
+
+def test_a_gap_beyond_64_bits_is_a_data_error(tmp_path) -> None:
+    steps = dense_parametric_steps(np.random.default_rng(5), 3).slice(0, 2)
+    steps = steps.set_column(0, "mdp_id", pa.array([1, 1]))
+    steps = steps.set_column(
+        1, "sequence_number", pa.array([-(2**62 + 2**61), 2**62 + 2**61], pa.int64())
+    )
+    pq.write_table(steps, tmp_path / "steps.parquet")
+    with pytest.raises(DataError, match=r"steps\.parquet: column 'sequence_number': the gap"):
+        write_sides(
+            tmp_path / "steps.parquet", {"all": tmp_path / "t.parquet"}, eval_fraction=0.0,
+            seed=0, settings=DuckSettings(threads=1),
+        )  # fmt: skip
+    assert not list(tmp_path.glob("*t.parquet*"))  # neither the table nor its temporary file
+
+
+def test_a_caller_that_stops_early_leaves_no_thread_behind(steps, tmp_path) -> None:
+    import threading
+    import time
+
+    from reagent_lite.timeline.duck import stream_transitions
+
+    src = write_parts(steps, tmp_path / "steps")
+    before = threading.active_count()
+    with connect(DuckSettings(threads=2)) as con:
+        columns = open_steps(con, src)
+        _, stream = stream_transitions(
+            con, columns, ["all"], eval_fraction=0.0, seed=0, batch_rows=3
+        )
+        side, batch = next(stream)
+        assert side == "all" and batch.num_rows == 3
+        start = time.monotonic()
+        stream.close()
+        assert time.monotonic() - start < 10
+        assert threading.active_count() == before
+        assert con.execute("SELECT count(*) FROM steps").fetchone() == (steps.num_rows,)
