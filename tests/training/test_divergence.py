@@ -29,8 +29,12 @@ def _workflow(tmp: Path) -> Workflow:
         "seed": 3,
         "checkpoint_every_epochs": 0,
         "rl": {"gamma": 0.9},
-        "training": {"layers": [-1, 16, -1], "activations": ["relu", "linear"],
-                     "minibatch_size": 64, "steps_per_epoch": 10},  # fmt: skip
+        "training": {
+            "layers": [-1, 16, -1],
+            "activations": ["relu", "linear"],
+            "minibatch_size": 64,
+            "steps_per_epoch": 10,
+        },
         "evaluation": {"calc_cpe_in_training": False},
     }
     wf = Workflow("dqn", config_from_dict(cfg, DQNWorkflowConfig), DistContext.single("cpu"))
