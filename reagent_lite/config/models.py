@@ -394,7 +394,8 @@ class NormalizationOverrides(_Model):
     action: dict[str, FeatureTypeName] = Field(
         default={},
         description="parametric_dqn: action feature id → normalization type (the default "
-        "for action features is CONTINUOUS_ACTION).",
+        "for action features is CONTINUOUS_ACTION; BINARY for one seen with one value or with "
+        "0/1 values).",
     )
 
     @field_validator("state", "action")

@@ -12,6 +12,12 @@ Pure numpy on the arrays the evaluator already has; no models, no I/O, no ranks.
   says little about the greedy policy that is served.
 * Rows whose best Q is tied between candidates are served the first of them; many ties
   usually mean candidates the network cannot tell apart (see the normalization warnings).
+* An estimate outside the values any policy can reach with the eval table's rewards (one
+  step: [min r, max r]; a discounted return: [min(r, 0), max(r, 0)] / (1 − γ)) by more
+  than its bootstrap noise is wrong by at least its excess. Seen on CartPole: the policy-value
+  model of a policy that leaves the logged states (always pushing right) diverges, and
+  with no logged episode that follows the policy (episode ESS 0) the importance weights
+  cannot correct it: sequential DR 72× the logger for a policy truly worth 0.6×.
 """
 
 from __future__ import annotations
@@ -36,6 +42,8 @@ NEAR_UNIFORM_FRACTION = 0.1
 MAX_TIED_FRACTION = 0.1
 
 _SHOWN = ("ips", "doubly_robust", "sequential_doubly_robust", "magic")
+ONE_STEP = ("direct_method", "ips", "snips", "doubly_robust")
+SEQUENTIAL = ("sequential_doubly_robust", "weighted_doubly_robust", "magic")
 
 
 def effective_sample_size(weights: np.ndarray) -> float:
@@ -94,6 +102,39 @@ def policy_diagnostics(
     }
 
 
+def reachable_range(estimates: dict[str, Any], rewards: np.ndarray, gamma: float) -> dict[str, Any]:
+    """The values any policy can reach with these rewards, and the raw estimates beyond
+    them by more than 2 bootstrap standard errors (less is the eval table's noise: DR on
+    CartPole scatters around the one-step value 1 that every policy has).
+
+    One step: [min r, max r]. A discounted return (time_diff ≥ 1, so step t is discounted
+    by at least γ^t): [min(r, 0), max(r, 0)] / (1 − γ); unbounded at γ = 1. `estimates`
+    maps an estimator's name to its `CpeEstimate.to_dict()`."""
+    r = np.asarray(rewards, dtype=np.float64)
+    lo, hi = (float(r.min()), float(r.max())) if r.size else (0.0, 0.0)
+    horizon = 1.0 / (1.0 - gamma) if gamma < 1.0 else float("inf")
+    # No reward of that sign: that bound is 0 (never 0 × inf at γ = 1).
+    ret_lo = lo * horizon if lo < 0 else 0.0
+    ret_hi = hi * horizon if hi > 0 else 0.0
+    bounds = {name: (lo, hi) for name in ONE_STEP}
+    bounds.update({name: (ret_lo, ret_hi) for name in SEQUENTIAL})
+    outside = []
+    for name, (low, high) in bounds.items():
+        est = estimates.get(name) or {}
+        raw, se = est.get("raw"), est.get("raw_std_error")
+        noise = 2.0 * se if se is not None and np.isfinite(se) else 0.0
+        noise += 1e-6 * max(1.0, abs(low), abs(high)) if np.isfinite(high - low) else 0.0
+        if raw is not None and not low - noise <= raw <= high + noise:
+            outside.append(name)
+    return {
+        "reward_min": lo,
+        "reward_max": hi,
+        "return_min": ret_lo,
+        "return_max": ret_hi,
+        "outside": outside,
+    }
+
+
 def _mean(x: np.ndarray) -> float:
     return float(np.mean(x)) if np.size(x) else float("nan")
 
@@ -148,3 +189,26 @@ def warn_and_summarize(cpe: dict[str, Any], label: str) -> None:
     )
     for message in diagnostic_warnings(diag, label):
         log.warning("%s", message)
+    check = cpe.get("reachable_range") or {}
+    for name in check.get("outside", []):
+        sequential = name in SEQUENTIAL
+        low, high = (
+            (check["return_min"], check["return_max"])
+            if sequential
+            else (check["reward_min"], check["reward_max"])
+        )
+        log.warning(
+            "CPE of the %s: %s = %.4g is outside [%.4g, %.4g], the %s any policy can reach "
+            "with the eval table's rewards, by more than 2 standard errors: it is wrong by at "
+            "least the excess (%s); do not read a direction from it",
+            label,
+            name,
+            cpe[name]["raw"],
+            low,
+            high,
+            "discounted return" if sequential else "one-step value",
+            "the policy-value model has diverged on states the logged data barely covers, "
+            "or too few logged episodes follow the policy to correct it"
+            if sequential
+            else "the reward model extrapolates, or the importance weights rest on too few rows",
+        )

@@ -31,7 +31,11 @@ from torch import Tensor, nn
 from reagent_lite.data.tensordict import TensorDict
 from reagent_lite.evaluation.cpe import CpeEstimate, one_step_estimates
 from reagent_lite.evaluation.cpe_models import CpeNets, EvaluatedPolicy, gather_logged
-from reagent_lite.evaluation.diagnostics import policy_diagnostics, warn_and_summarize
+from reagent_lite.evaluation.diagnostics import (
+    policy_diagnostics,
+    reachable_range,
+    warn_and_summarize,
+)
 from reagent_lite.evaluation.sequential import sequential_estimates
 
 _CHUNK = 65_536
@@ -136,6 +140,7 @@ def evaluate_cpe(
         keep=keep,
         mdp_ids=all_(data.mdp_id),
     )
+    out["reachable_range"] = reachable_range(out, all_(data.reward), gamma)
     warn_and_summarize(out, policy.label)
     return out
 

@@ -276,12 +276,22 @@ def fit_feature(
 
 
 def _action_default(column: np.ndarray) -> FeatureType:
-    """CONTINUOUS_ACTION (ReAgent's default for action features), except for a feature seen
-    with a single value: min = max would map it to 0, the value of an absent feature, and
-    the candidates of a sparse one-hot action map (`{"10": 1.0}` / `{"11": 1.0}`) would all
-    look the same to the network. Such a feature is BINARY (present and non-zero → 1)."""
+    """CONTINUOUS_ACTION (ReAgent's default for action features), except for a feature
+    whose present values are 0 and 1 only, or a single value. Those are BINARY (present
+    and non-zero → 1; absent or 0 → 0), as Horizon identified them, for two reasons:
+
+    * a single value under CONTINUOUS_ACTION has min = max and maps to 0, the value of an
+      absent feature, so the candidates of a sparse one-hot action map (`{"10": 1.0}` /
+      `{"11": 1.0}`) would all look the same to the network;
+    * the dense one-hot map of the same actions (`{"10": 1.0, "11": 0.0}`) then becomes
+      exactly the same network input as the sparse one (an absent BINARY feature and a
+      present 0 both give 0, as in Horizon), so the two encodings train the same model;
+      CONTINUOUS_ACTION would map a present 0 to -1 and make them differ.
+    """
     present = column[np.isfinite(column)]
-    if len(present) and np.all(present == present[0]):
+    if len(present) and (
+        np.all(present == present[0]) or np.all((present == 0.0) | (present == 1.0))
+    ):
         return FeatureType.BINARY
     return FeatureType.CONTINUOUS_ACTION
 
@@ -302,7 +312,8 @@ def fit_normalization(
 
     `feature_overrides` forces a type per feature id; `action=True` makes CONTINUOUS_ACTION
     the default for features not overridden (ReAgent's `default_feature_override` for
-    action features), BINARY for those seen with a single value (`_action_default`). `max_quantiles` is ReAgent's `quantile_size`: the number of quantile
+    action features), BINARY for those seen with 0/1 values or a single value
+    (`_action_default`). `max_quantiles` is ReAgent's `quantile_size`: the number of quantile
     intervals (at most `max_quantiles + 1` boundaries). Pure and deterministic.
     """
     if hasattr(values, "detach"):  # torch.Tensor without importing torch here

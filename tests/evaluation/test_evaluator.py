@@ -7,6 +7,7 @@ oracle networks on the synthetic parametric environment, whose exact values are 
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -431,3 +432,46 @@ def test_near_uniform_is_judged_between_uniform_and_deterministic(
     }
     got = diagnostic_warnings(diag, "softmax policy")
     assert any("near-uniform" in m for m in got) == warns
+
+
+def test_estimates_outside_the_reachable_range_are_named_and_warned(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    from reagent_lite.evaluation.diagnostics import reachable_range, warn_and_summarize
+
+    def est(raw: float, se: float = 0.01) -> dict[str, float]:
+        return {"raw": raw, "raw_std_error": se, "normalized": raw / 12.0}
+
+    # CartPole: rewards of 1, γ = 0.95: a discounted return is at most 20 for any policy.
+    cpe: dict[str, Any] = {
+        "direct_method": est(1.0),
+        "ips": est(1.4),  # above the largest reward by 40 SE: out
+        "snips": est(1.0),
+        "doubly_robust": est(0.995),  # below, by less than 2 SE: the eval table's noise
+        "sequential_doubly_robust": est(68.7, 4.6),  # a diverged value model: out
+        "weighted_doubly_robust": est(20.0),  # the bound itself: in
+        "magic": est(19.0),
+    }
+    check = reachable_range(cpe, np.ones(50), gamma=0.95)
+    assert (check["return_min"], check["return_max"]) == (0.0, pytest.approx(20.0))
+    assert check["outside"] == ["ips", "sequential_doubly_robust"]
+    # Negative rewards (Acrobot, γ = 0.99): [-100, 0]; γ = 1 leaves returns unbounded.
+    acro = reachable_range({"magic": est(-101.0)}, np.array([-1.0, 0.0]), gamma=0.99)
+    assert acro["return_min"] == pytest.approx(-100.0) and acro["outside"] == ["magic"]
+    assert reachable_range({"magic": est(-1e9)}, -np.ones(3), gamma=1.0)["outside"] == []
+
+    cpe["reachable_range"] = check
+    cpe["diagnostics"] = {
+        "effective_sample_size_rows": 1000.0,
+        "rows": 1000.0,
+        "effective_sample_size_episodes": 1000.0,
+        "episodes": 1000.0,
+        "mean_top_probability": 1.0,
+        "uniform_top_probability": 0.5,
+        "tied_top_q_fraction": 0.0,
+    }
+    with caplog.at_level("WARNING", logger="reagent_lite"):
+        warn_and_summarize(cpe, "greedy policy")
+    messages = [r.getMessage() for r in caplog.records]
+    assert any("sequential_doubly_robust = 68.7 is outside [0, 20]" in m for m in messages)
+    assert sum("outside" in m for m in messages) == 2

@@ -34,9 +34,22 @@ def test_a_feature_seen_with_one_value_is_binary_and_present_differs_from_absent
     assert out.tolist() == [[1.0, 0.0], [0.0, 1.0]]  # the two candidates differ
 
 
-def test_action_features_with_several_values_stay_continuous_action() -> None:
-    dense = np.array([[1.0, 0.0], [0.0, 1.0]] * 30)  # the dense one-hot encoding
+def test_dense_one_hot_action_features_are_binary_and_normalize_as_the_sparse_ones() -> None:
+    # The dense one-hot encoding of the same two actions: 0/1 values, BINARY as in Horizon,
+    # so a present 0 gives the 0 an absent feature gives and both encodings are one input.
+    dense = np.array([[1.0, 0.0], [0.0, 1.0]] * 30)
     params = fit_normalization(dense, ["10", "11"], action=True)
+    assert {p.feature_type for p in params.values()} == {FeatureType.BINARY}
+    sparse = np.array([[1.0, NAN], [NAN, 1.0]] * 30)
+    sparse_params = fit_normalization(sparse, ["10", "11"], action=True)
+    dense_in = _inputs(Preprocessor(["10", "11"], params), dense[:2])
+    sparse_in = _inputs(Preprocessor(["10", "11"], sparse_params), sparse[:2])
+    assert dense_in.tolist() == sparse_in.tolist() == [[1.0, 0.0], [0.0, 1.0]]
+
+
+def test_action_features_with_other_values_stay_continuous_action() -> None:
+    several = np.array([[2.0, 0.0], [0.0, 1.5], [1.0, 0.5]] * 30)
+    params = fit_normalization(several, ["10", "11"], action=True)
     assert {p.feature_type for p in params.values()} == {FeatureType.CONTINUOUS_ACTION}
     forced = fit_normalization(
         np.array([[1.0, NAN]] * 30),
