@@ -32,7 +32,6 @@ d3rlpy's steps are timed inside `fit`, without the set-up of each `fit` call.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import copy
 import json
 import os
@@ -54,6 +53,7 @@ from reagent_lite.data.tensordict import TensorDict
 from reagent_lite.distributed.context import DistContext
 from reagent_lite.torch_private import foreach_lerp_
 from reagent_lite.training.loop import Workflow
+from reagent_lite.training.precision import step_precision
 
 GAMMA, TAU, LR = 0.99, 0.01, 1e-3
 # Untimed steps before each contender's timed block. The contenders take turns, and the
@@ -232,12 +232,9 @@ class Bare:
         self.loss_sum += loss.detach()
 
     def _precision(self) -> Any:
-        """bf16: autocast (no cast cache, as in a graph); tf32: TF32 matmuls."""
-        if self.precision == "bf16":
-            return torch.autocast("cuda", dtype=torch.bfloat16, cache_enabled=False)
-        if self.precision == "tf32":
-            return _tf32()
-        return contextlib.nullcontext()
+        """The workflow's own precision context: bf16 autocast without the cast cache (as
+        in a graph), TF32 matmuls for tf32."""
+        return step_precision(self.precision, torch.device("cuda"))
 
     def _graph_body(self) -> None:
         self.body(self.perm.index_select(0, self.pos).view(-1))
@@ -273,17 +270,6 @@ class Bare:
             self.step()
         sync(self.device)
         return steps * self.batch / (time.perf_counter() - t0)
-
-
-@contextlib.contextmanager
-def _tf32() -> Any:
-    matmul = torch.backends.cuda.matmul
-    before = matmul.fp32_precision
-    matmul.fp32_precision = "tf32"
-    try:
-        yield
-    finally:
-        matmul.fp32_precision = before
 
 
 class Products:

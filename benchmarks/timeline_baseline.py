@@ -25,39 +25,14 @@ import pyarrow.parquet as pq
 
 from reagent_lite.errors import DataError
 from reagent_lite.io_utils import atomic_write
-from reagent_lite.timeline.query import episode_hash
-
-REQUIRED_COLUMNS = (
-    "mdp_id",
-    "sequence_number",
-    "action",
-    "reward",
-    "possible_actions",
+from reagent_lite.timeline.duck import ROW_GROUP_SIZE
+from reagent_lite.timeline.query import (
+    OUTPUT_ORDER,
+    PROPENSITY_COLUMNS,
+    REQUIRED_COLUMNS,
+    STATE_COLUMNS,
+    episode_hash,
 )
-# Columns each step log must have, beside REQUIRED_COLUMNS: one of each pair.
-STATE_COLUMNS = ("state_features", "state")
-PROPENSITY_COLUMNS = ("action_probability", "propensity")
-
-OUTPUT_ORDER = (
-    "mdp_id",
-    "sequence_number",
-    "state_features",
-    "state",
-    "action",
-    "reward",
-    "next_state_features",
-    "next_state",
-    "next_action",
-    "possible_actions",
-    "possible_next_actions",
-    "action_probability",
-    "time_diff",
-    "metrics",
-)
-
-# Row-group size of written tables: small enough that a few thousand episodes still give
-# every rank of a multi-GPU job its own row groups (docs/DISTRIBUTED.md).
-ROW_GROUP_SIZE = 16_384
 
 
 def build_training_table(

@@ -14,14 +14,14 @@ import pytest
 import torch
 
 from reagent_lite.config.models import DQNWorkflowConfig
-from reagent_lite.distributed.context import DistContext
 from reagent_lite.errors import ConfigError
 from reagent_lite.predict import Predictor
 from reagent_lite.safe_load import check_pt2
 from reagent_lite.training import checkpoint as ckpt
-from reagent_lite.training.loop import Workflow
 from tests.conftest import run_module
-from tests.data.test_ingest import ACTIONS, rows, write
+from tests.data.test_ingest import rows, write
+from tests.training.runs import run_workflow as _run
+from tests.training.runs import tiny_dqn_config
 
 
 class Payload:
@@ -35,33 +35,7 @@ class Payload:
 
 
 def _config(tmp: Path, **extra: Any) -> DQNWorkflowConfig:
-    data = tmp / "t.parquet"
-    if not data.exists():
-        write(data, rows(200), 100)
-    training = {"layers": [-1, 8, -1], "activations": ["relu", "linear"], "minibatch_size": 64}
-    return DQNWorkflowConfig(
-        training_data_path=str(data),
-        model_output_path=str(tmp / "out"),
-        actions=ACTIONS,
-        use_gpu=False,
-        use_all_avail_gpus=False,
-        epochs=1,
-        training={**training, **extra.pop("training", {})},
-        evaluation={"calc_cpe_in_training": False},
-        **extra,
-    )
-
-
-def _run(cfg: DQNWorkflowConfig, *, resume: bool = False, save: bool = False) -> Workflow:
-    wf = Workflow("dqn", cfg, DistContext.single("cpu"), resume=resume)
-    try:
-        wf.setup()
-        wf.train()
-        if save:
-            wf.save()
-    finally:
-        wf.cleanup()
-    return wf
+    return tiny_dqn_config(tmp, **{"epochs": 1, **extra})
 
 
 @pytest.fixture(scope="module")

@@ -114,9 +114,8 @@ class StepRunner:
         """The end of training, however it ends: the chunk stream closed and the captured
         graph destroyed (`GraphStep.release`); idempotent."""
         self.close()
-        for graph in (self.graph, self._to_capture):
-            if graph is not None:
-                graph.release()
+        if self.graph is not None:  # only a captured step holds a CUDA graph
+            self.graph.release()
         self.graph = self._to_capture = None
 
 

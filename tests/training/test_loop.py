@@ -14,16 +14,7 @@ from reagent_lite.training.checkpoint import list_checkpoints
 from reagent_lite.training.loop import Workflow
 from reagent_lite.training.metrics import read_metrics
 from tests.data.test_ingest import ACTIONS, rows, write
-
-
-def _run(cfg: DQNWorkflowConfig, *, resume: bool) -> Workflow:
-    wf = Workflow("dqn", cfg, DistContext.single("cpu"), resume=resume)
-    try:
-        wf.setup()
-        wf.train()
-    finally:
-        wf.cleanup()
-    return wf
+from tests.training.runs import run_workflow as _run
 
 
 def test_resume_drops_metrics_of_the_epochs_it_redoes(tmp_path: Path) -> None:

@@ -15,45 +15,13 @@ from typing import Any
 import pytest
 
 from reagent_lite import export
-from reagent_lite.config.models import DQNWorkflowConfig
-from reagent_lite.distributed.context import DistContext
 from reagent_lite.errors import ConfigError, TrainingError
 from reagent_lite.training import checkpoint as ckpt
-from reagent_lite.training.loop import Workflow
 from reagent_lite.training.ownership import OutputLock, current_run_id
 from tests.conftest import run_module
-from tests.data.test_ingest import ACTIONS, rows, write
+from tests.training.runs import run_workflow as _run
+from tests.training.runs import tiny_dqn_config as _config
 from tests.workflows.test_end_to_end import make_config
-
-
-def _config(tmp: Path, **extra: Any) -> DQNWorkflowConfig:
-    data = tmp / "t.parquet"
-    if not data.exists():
-        write(data, rows(200), 100)
-    training = {"layers": [-1, 8, -1], "activations": ["relu", "linear"], "minibatch_size": 64}
-    return DQNWorkflowConfig(
-        training_data_path=str(data),
-        model_output_path=str(tmp / "out"),
-        actions=ACTIONS,
-        use_gpu=False,
-        use_all_avail_gpus=False,
-        epochs=extra.pop("epochs", 2),
-        training={**training, **extra.pop("training", {})},
-        evaluation={"calc_cpe_in_training": False},
-        **extra,
-    )
-
-
-def _run(cfg: DQNWorkflowConfig, *, resume: bool = False, save: bool = False) -> Workflow:
-    wf = Workflow("dqn", cfg, DistContext.single("cpu"), resume=resume)
-    try:
-        wf.setup()
-        wf.train()
-        if save:
-            wf.save()
-    finally:
-        wf.cleanup()
-    return wf
 
 
 def _digests(directory: Path) -> dict[str, str]:
