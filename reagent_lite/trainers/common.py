@@ -215,15 +215,21 @@ def masked_max(values: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, 
     return torch.where(valid.any(dim=1), best, 0.0), idx
 
 
+def masked_argmax(values: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Row argmax of `values` [B, K] over entries with `mask` > 0 (ties: the first, as
+    `masked_max`) and whether the row has any such entry (if not, the index is arbitrary)."""
+    valid = mask > 0
+    return _lowest_where_invalid(values, valid).argmax(dim=1), valid.any(dim=1)
+
+
 def double_q_value(
     online_q: torch.Tensor, target_q: torch.Tensor, mask: torch.Tensor
 ) -> torch.Tensor:
     """Double Q's next-state value [B]: `target_q` at the action the online net rates best
     among those with `mask` > 0 (ties: the first, as `masked_max`); rows with none get 0."""
-    valid = mask > 0
-    best = _lowest_where_invalid(online_q, valid).argmax(dim=1)
+    best, any_valid = masked_argmax(online_q, mask)
     value = target_q.gather(1, best.unsqueeze(1)).squeeze(1)
-    return torch.where(valid.any(dim=1), value, 0.0)
+    return torch.where(any_valid, value, 0.0)
 
 
 def _lowest_where_invalid(values: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
@@ -362,6 +368,7 @@ class QLearningTrainer(Generic[BatchT]):
         batches: Sequence[BatchT],
         grad_sync: Callable[[], None] | None = None,
         loss: Callable[[BatchT, nn.Module], DQNLoss] | None = None,
+        apply: Callable[[], None] | None = None,
     ) -> DQNLoss:
         """One optimizer step over `batches` (the `minibatches_per_step` micro-batches).
 
@@ -371,7 +378,8 @@ class QLearningTrainer(Generic[BatchT]):
         backward); with it, through the plain `online` module, and `grad_sync()` averages
         the gradients over the ranks once they are accumulated, before clipping — what a
         CUDA graph, which cannot hold DDP's hooks, does. `loss(batch, net)` replaces
-        `compute_loss` (a compiled version of it, `training.compiled.CompiledLoss`).
+        `compute_loss` (a compiled version of it, `training.compiled.CompiledLoss`), and
+        `apply()` replaces `apply_update` (`training.compiled.CompiledApply`).
         """
         n = len(batches)
         if n == 0:
@@ -391,9 +399,13 @@ class QLearningTrainer(Generic[BatchT]):
             grad_sync()
         if self.hp.clip_grad_norm is not None:
             torch.nn.utils.clip_grad_norm_(self.online.parameters(), self.hp.clip_grad_norm)
+        (self.apply_update if apply is None else apply)()
+        return DQNLoss.mean(records)
+
+    def apply_update(self) -> None:
+        """The optimizer step on the gradients in place, then the soft target update."""
         self.optimizer.step()
         self._soft_update(self.hp.target_update_rate)
-        return DQNLoss.mean(records)
 
     @torch.no_grad()
     def eval_td_loss(self, batch: BatchT) -> torch.Tensor:

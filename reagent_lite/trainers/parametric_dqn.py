@@ -17,7 +17,7 @@ from reagent_lite.trainers.common import (
     DQNHyperParams,
     QLearningTrainer,
     QLogged,
-    double_q_value,
+    masked_argmax,
     masked_max,
 )
 
@@ -87,7 +87,13 @@ class ParametricDQNTrainer(QLearningTrainer[ParametricBatch]):
             return self.target(batch.next_state, batch.next_action.unsqueeze(1))[:, 0]
         candidates = batch.possible_next_actions
         mask = batch.possible_next_actions_mask
-        target_q = self.target(batch.next_state, candidates)
         if not self.hp.double_q_learning:
-            return masked_max(target_q, mask)[0]
-        return double_q_value(self.online(batch.next_state, candidates), target_q, mask)
+            return masked_max(self.target(batch.next_state, candidates), mask)[0]
+        # Double Q needs the target net's value of one candidate per row, the online net's
+        # choice: scoring just that one gives the value that scoring all K and picking it
+        # would, for 1/K of the target net's work (per transition, the next state's
+        # forwards drop from 2K candidate rows to K + 1).
+        best, any_valid = masked_argmax(self.online(batch.next_state, candidates), mask)
+        pick = best.view(-1, 1, 1).expand(-1, 1, candidates.shape[-1])
+        value = self.target(batch.next_state, candidates.gather(1, pick))[:, 0]
+        return torch.where(any_valid, value, 0.0)

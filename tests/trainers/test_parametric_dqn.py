@@ -9,6 +9,7 @@ import torch
 
 from reagent_lite.models import ParametricQNetwork
 from reagent_lite.trainers import DQNHyperParams, ParametricDQNTrainer
+from reagent_lite.trainers.common import double_q_value
 from tests.trainers.helpers import (
     action_valued_net,
     random_parametric_batch,
@@ -76,6 +77,33 @@ def test_double_q_selects_with_online_values_with_target() -> None:
     # Plain: max(−1, −2) = −1. Double: online picks a = 2, the target values it at −2.
     torch.testing.assert_close(plain.compute_target(batch), torch.tensor([1 + GAMMA * -1.0]))
     torch.testing.assert_close(double.compute_target(batch), torch.tensor([1 + GAMMA * -2.0]))
+
+
+def test_double_q_scores_only_the_chosen_candidate_with_the_target() -> None:
+    # The trainer runs the target net on the online net's choice alone; the value must be
+    # what scoring every candidate with the target net and picking that one gives.
+    torch.manual_seed(3)
+    trainer = _trainer(
+        ParametricQNetwork(4, 3, [-1, 16, 16, -1], ["relu", "relu", "linear"]),
+        double_q_learning=True,
+    )
+    with torch.no_grad():
+        for p in trainer.target.parameters():
+            p.add_(torch.randn_like(p))  # a target net unlike the online one
+    batch = random_parametric_batch(64, 4, 3, 6, min_candidates=0)
+    assert (batch.possible_next_actions_mask.sum(1) == 0).any()  # rows with no candidate
+    candidates, mask = batch.possible_next_actions, batch.possible_next_actions_mask
+    with torch.no_grad():
+        online = trainer.online(batch.next_state, candidates)
+        every = trainer.target(batch.next_state, candidates)
+        calls: list[int] = []
+        handle = trainer.target.register_forward_hook(
+            lambda _m, args, _out: calls.append(args[1].shape[1])
+        )
+        got = trainer._next_value(batch)
+        handle.remove()
+    torch.testing.assert_close(got, double_q_value(online, every, mask))
+    assert calls == [1]  # one candidate per row reached the target net
 
 
 @pytest.mark.parametrize("maxq", [True, False])
