@@ -222,6 +222,7 @@ class Workflow:
                 precision=cfg.training.precision,
                 compiled=cfg.training.compile,
                 disk=self.disk,
+                epochs=cfg.epochs,
             )
         return self._runner
 

@@ -29,7 +29,7 @@ import itertools
 import logging
 import queue
 import threading
-from collections.abc import Callable, Generator, Iterator, Mapping
+from collections.abc import Callable, Generator, Iterable, Iterator, Mapping
 from typing import Any
 
 import torch
@@ -100,13 +100,16 @@ class ChunkPrefetcher:
         self._copied = [None, None]
 
     def gathered(
-        self, columns: Mapping[str, Tensor], order: Tensor
+        self, columns: Mapping[str, Tensor], orders: Iterable[Tensor]
     ) -> Generator[Chunk, None, None]:
-        """Rows `order` (host indices) of the host `columns`, `chunk_rows` at a time."""
+        """Rows `order` (host indices) of the host `columns`, `chunk_rows` at a time, for
+        each order of `orders` in turn (a chunk never spans two); `orders` is advanced by
+        the worker."""
 
         def pieces() -> Generator[tuple[int, Fill], None, None]:
-            for idx in order.split(self.chunk_rows):
-                yield idx.numel(), functools.partial(_gather, columns, idx)
+            for order in orders:
+                for idx in order.split(self.chunk_rows):
+                    yield idx.numel(), functools.partial(_gather, columns, idx)
 
         return self._stream(pieces())
 

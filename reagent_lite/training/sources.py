@@ -21,6 +21,14 @@ rows where the graph will find them before each replay (`stage()`).
 Streamed, an eager step's micro-batches are views of the current chunk, and a graph's
 static buffers hold one chunk, which each chunk is copied into: device memory holds at
 most two chunks (plus that static one), not the shard.
+
+A streamed source's chunk stream runs from the epoch it starts at to the run's last one
+(`epochs`): the next epoch's first chunk is gathered and copied while the current epoch's
+last one trains, as any other chunk is, so an epoch does not begin by waiting for its
+first chunk. `begin_epoch(e)` carries on with that stream when the previous epoch was
+`e - 1` and was trained to its end; otherwise (the first epoch, a resumed run, an epoch
+left early) it starts a new one at `e`. An epoch's chunks are the same either way: they
+depend on the epoch alone.
 """
 
 from __future__ import annotations
@@ -212,7 +220,8 @@ class ResidentRows(BatchSource):
 
 
 class StreamedRows(BatchSource):
-    """Chunks of whole steps reaching the device through a `ChunkPrefetcher`."""
+    """Chunks of whole steps reaching the device through a `ChunkPrefetcher`, one stream
+    from an epoch to the run's last (`epochs`; see the module notes)."""
 
     def __init__(
         self,
@@ -221,25 +230,43 @@ class StreamedRows(BatchSource):
         chunk_rows: int,
         minibatches: int,
         batch: int,
+        epochs: int | None = None,
     ) -> None:
         super().__init__(minibatches, batch)
         self.template = template
         self.device = device
         self.chunk_rows = chunk_rows
+        self.epochs = epochs  # the stream ends after epoch `epochs - 1` (None: never)
         self.prefetcher = ChunkPrefetcher(template, device, chunk_rows)
         self._chunks: Generator[Chunk, None, None] | None = None
         self._chunk: dict[str, Tensor] = {}
         self._steps_left = 0  # in the current chunk
         self._start = 0  # its next step's first row
+        self._epoch = -1  # the epoch being trained
+        self._epoch_rows_left = 0  # its rows not yet handed to a step
+
+    @property
+    @abstractmethod
+    def rows_per_epoch(self) -> int:
+        """The rows an epoch's chunks hold (whole steps)."""
 
     @abstractmethod
-    def _epoch_chunks(self, epoch: int) -> Generator[Chunk, None, None]:
-        """The epoch's chunks, from the prefetcher."""
+    def _stream(self, epochs: Iterator[int]) -> Generator[Chunk, None, None]:
+        """The chunks of `epochs`, one after the other, from the prefetcher."""
+
+    def _epochs_from(self, first: int) -> Iterator[int]:
+        last = self.epochs if self.epochs is not None else 1 << 62
+        return iter(range(first, max(last, first + 1)))
 
     def begin_epoch(self, epoch: int) -> None:
-        self.close()  # the last epoch's stream: its worker is gone before a new one starts
-        self._chunks = self._epoch_chunks(epoch)
-        self._steps_left = 0
+        carry_on = (
+            self._chunks is not None and epoch == self._epoch + 1 and self._epoch_rows_left == 0
+        )
+        if not carry_on:
+            self.close()  # the last stream: its worker is gone before a new one starts
+            self._chunks = self._stream(self._epochs_from(epoch))
+            self._steps_left = 0
+        self._epoch, self._epoch_rows_left = epoch, self.rows_per_epoch
 
     def _next_chunk(self) -> Chunk:
         assert self._chunks is not None
@@ -250,6 +277,7 @@ class StreamedRows(BatchSource):
 
     def _take_step(self) -> int:
         self._steps_left -= 1
+        self._epoch_rows_left -= self.step_rows
         self._start += self.step_rows
         return self._start - self.step_rows
 
@@ -282,6 +310,7 @@ class StreamedRows(BatchSource):
 
     def close(self) -> None:
         chunks, self._chunks, self._chunk = self._chunks, None, {}
+        self._steps_left = 0
         if chunks is not None:
             chunks.close()  # joins the prefetcher's worker
 
@@ -305,15 +334,24 @@ class HostStreamed(StreamedRows):
         chunk_rows: int,
         minibatches: int,
         batch: int,
+        epochs: int | None = None,
     ) -> None:
-        super().__init__(columns, device, chunk_rows, minibatches, batch)
+        super().__init__(columns, device, chunk_rows, minibatches, batch, epochs)
         self.columns = columns
         self.sampler = sampler
 
-    def _epoch_chunks(self, epoch: int) -> Generator[Chunk, None, None]:
+    @property
+    def rows_per_epoch(self) -> int:
+        return self.sampler.steps_per_epoch * self.sampler.batch_size
+
+    def begin_epoch(self, epoch: int) -> None:
         self.sampler.set_epoch(epoch)
-        order = self.sampler.epoch_indices(epoch).cpu()
-        return self.prefetcher.gathered(self.columns, order)
+        super().begin_epoch(epoch)
+
+    def _stream(self, epochs: Iterator[int]) -> Generator[Chunk, None, None]:
+        # The epoch's row order is drawn in the worker thread, as late as it is needed.
+        orders = (self.sampler.epoch_indices(e).cpu() for e in epochs)
+        return self.prefetcher.gathered(self.columns, orders)
 
     def describe(self) -> str:
         return "streamed from host" + self._copies()
@@ -331,14 +369,26 @@ class DiskStreamed(StreamedRows):
         chunk_rows: int,
         minibatches: int,
         batch: int,
+        epochs: int | None = None,
     ) -> None:
         # The disk's chunks (whole steps, up to a window's worth) are cut to `chunk_rows` on
         # the way to the device: device and pinned memory don't grow with windows.
-        super().__init__(template, device, min(chunk_rows, disk.chunk_rows), minibatches, batch)
+        super().__init__(
+            template, device, min(chunk_rows, disk.chunk_rows), minibatches, batch, epochs
+        )
         self.disk = disk
 
-    def _epoch_chunks(self, epoch: int) -> Generator[Chunk, None, None]:
-        return self.prefetcher.ready(self.disk.epoch_chunks(epoch))
+    @property
+    def rows_per_epoch(self) -> int:
+        return self.disk.rows_per_epoch
+
+    def _stream(self, epochs: Iterator[int]) -> Generator[Chunk, None, None]:
+        def chunks() -> Generator[Chunk, None, None]:
+            for epoch in epochs:
+                # Closing this generator closes the epoch's: its pending window load stops.
+                yield from self.disk.epoch_chunks(epoch)
+
+        return self.prefetcher.ready(chunks())
 
     def describe(self) -> str:
         return self.disk.describe() + self._copies()

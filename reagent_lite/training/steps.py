@@ -29,7 +29,7 @@ from reagent_lite.data.tensordict import TensorDict
 from reagent_lite.distributed.context import DistContext
 from reagent_lite.evaluation.cpe_models import CpeModelTrainer
 from reagent_lite.trainers.common import QLearningTrainer
-from reagent_lite.training.compiled import CompiledCpeLoss, CompiledLoss
+from reagent_lite.training.compiled import CompiledApply, CompiledCpeLoss, CompiledLoss
 from reagent_lite.training.graphs import GraphStep, graph_blocker
 from reagent_lite.training.sources import (
     BatchSource,
@@ -134,11 +134,13 @@ def build_step_runner(
     disk: DiskShardStream | None = None,
     precision: str = "fp32",
     compiled: bool = False,
+    epochs: int | None = None,
 ) -> StepRunner:
     """The runner of a run's settings. `data`: the shard (with `disk`, the stream of
     `stream_from_disk`, only its normalized sample: a column template); `resident`:
     `device_resident_data`; `minibatch_size`: the sampler's batch (the micro-batch, or W
-    of them when emulating W ranks)."""
+    of them when emulating W ranks); `epochs`: the run's epochs (a streamed source reads
+    no chunk past the last)."""
     device = ctx.device
     columns = training_columns(data)
     mps, batch = minibatches_per_step, minibatch_size
@@ -146,9 +148,9 @@ def build_step_runner(
     chunk_rows = max(1, DEFAULT_CHUNK_ROWS // step_rows) * step_rows
     source: BatchSource
     if disk is not None:
-        source = DiskStreamed(disk, columns, device, chunk_rows, mps, batch)
+        source = DiskStreamed(disk, columns, device, chunk_rows, mps, batch, epochs)
     elif device.type == "cuda" and not resident:
-        source = HostStreamed(columns, sampler, device, chunk_rows, mps, batch)
+        source = HostStreamed(columns, sampler, device, chunk_rows, mps, batch, epochs)
     else:
         source = ResidentRows(columns, data.pack, sampler, steps_per_epoch, mps, batch)
     loss = CompiledLoss(trainer) if compiled else None
@@ -164,6 +166,8 @@ def build_step_runner(
     graph, why_eager = None, ""
     if cuda_graphs and device.type == "cuda":
         why_eager = graph_blocker(update, ctx)
+        if not why_eager and compiled:
+            update.apply = CompiledApply(trainer)  # only under a graph: compiled.py says why
         graph = None if why_eager else GraphStep(update, source, ctx)
     return StepRunner(source, update, graph, why_eager)
 

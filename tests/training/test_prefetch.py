@@ -204,7 +204,7 @@ def test_cuda_chunks_match_the_host_rows() -> None:
     assert source.previous_alive == [False, False, False]  # host rows not held once copied
     # Gathers straight into the pinned buffers: rows in `order`.
     order = torch.randperm(300)
-    chunks = list(pf.gathered(host, order))
+    chunks = list(pf.gathered(host, [order]))
     assert [rows for _, rows in chunks] == [64, 64, 64, 64, 44]
     got = torch.cat([c["reward"] for c, _ in chunks]).cpu()
     torch.testing.assert_close(got, host["reward"][order])

@@ -5,12 +5,15 @@ epoch, what the eager step reads (`batches()`)."""
 
 from __future__ import annotations
 
+import time
+
 import torch
 from torch import Tensor
 
 from reagent_lite.data.sampler import EpochSampler
 from reagent_lite.data.tensordict import TensorDict
 from reagent_lite.distributed.context import DistContext
+from reagent_lite.training.prefetch import ChunkPrefetcher
 from reagent_lite.training.sources import (
     BatchSource,
     HostStreamed,
@@ -142,3 +145,62 @@ def test_runner_steps_eagerly_on_the_cpu_and_says_where_rows_are() -> None:
     assert runner.mode == "eager" and not runner.streamed
     assert not torch.equal(before, net.weight) and torch.isfinite(runner.loss_sum)
     runner.close()
+
+
+class _RecordingSampler(EpochSampler):
+    """An `EpochSampler` that notes which epochs' orders were drawn, and when."""
+
+    def __init__(self, steps: int) -> None:
+        super().__init__(ROWS, BATCH, steps * MPS, seed=3)
+        self.drawn: list[int] = []
+
+    def epoch_indices(self, epoch: int) -> Tensor:
+        self.drawn.append(epoch)
+        return super().epoch_indices(epoch)
+
+
+def _prefetching(source: HostStreamed) -> HostStreamed:
+    # One chunk prepared ahead, as on CUDA (on the CPU the default is none).
+    source.prefetcher = ChunkPrefetcher(source.template, CPU, source.chunk_rows, ahead=1)
+    return source
+
+
+def test_the_next_epochs_first_chunk_is_prepared_while_the_last_one_trains() -> None:
+    data, steps, chunk = _data(), 6, 2 * MPS * BATCH  # 3 chunks an epoch
+    columns = training_columns(data)
+    sampler = _RecordingSampler(steps)
+    source = _prefetching(HostStreamed(columns, sampler, CPU, chunk, MPS, BATCH, epochs=3))
+    resident = ResidentRows(columns, None, _sampler(steps), steps, MPS, BATCH)
+    try:
+        for epoch in range(3):
+            source.begin_epoch(epoch)
+            resident.begin_epoch(epoch)
+            for _ in range(steps):
+                _same(source.batches(), resident.batches())
+            # The epoch's last chunk is in training: its successor is already staged, and
+            # for all but the last epoch that is the next epoch's first.
+            deadline = time.monotonic() + 10.0
+            while sampler.drawn[-1] != min(epoch + 1, 2) and time.monotonic() < deadline:
+                time.sleep(0.01)
+            assert sampler.drawn == list(range(min(epoch + 2, 3)))
+        assert sampler.drawn == [0, 1, 2]  # one stream, no epoch drawn twice, none past the run
+    finally:
+        source.close()
+
+
+def test_an_epoch_left_early_or_out_of_turn_starts_a_fresh_stream() -> None:
+    data, steps, chunk = _data(), 6, 2 * MPS * BATCH
+    columns = training_columns(data)
+    source = _prefetching(HostStreamed(columns, _sampler(steps), CPU, chunk, MPS, BATCH, epochs=5))
+    resident = ResidentRows(columns, None, _sampler(steps), steps, MPS, BATCH)
+    try:
+        source.begin_epoch(0)
+        for _ in range(steps - 1):  # one step short of the epoch's end
+            source.batches()
+        for epoch in (1, 3):  # left early, then out of turn: rows of the epoch asked for
+            source.begin_epoch(epoch)
+            resident.begin_epoch(epoch)
+            for _ in range(steps):
+                _same(source.batches(), resident.batches())
+    finally:
+        source.close()
