@@ -18,8 +18,18 @@ The CPE side models' loss (`CompiledCpeLoss`: the next-state policy, the target 
 reward and value regressions) is compiled the same way, so with CPE on the whole step is
 fused, not only the Q-network's half.
 
+In a captured CUDA graph the optimizer step and the soft target update are compiled too
+(`CompiledApply`). torch's fused Adam runs one thread block per 65,536-element chunk of
+the parameters: for a Q-network of tens of thousands of parameters that is a handful of
+blocks on a GPU of 132 SMs, and measured on an H100 (batch 8192, MLP 256×256) it was 15%
+of the step, the soft update's multi-tensor kernel 4% more. Inductor turns the same
+arithmetic — Adam's multi-tensor (`foreach`) formulation, which the optimizer is switched
+to for this, and the lerp — into kernels spread over the whole GPU. Only under a graph:
+there the learning rate is a device tensor (`graphs.make_capturable`), so the per-epoch
+decay does not recompile, and the step counters live on the device.
+
 If compilation fails (no C++ compiler for the CPU backend, an unsupported operator) the
-loss falls back to eager for the rest of the run, with a warning.
+loss (the update) falls back to eager for the rest of the run, with a warning.
 """
 
 from __future__ import annotations
@@ -129,3 +139,50 @@ class CompiledCpeLoss(_Compiled):
             return self.cpe.compute_loss(batch, q_net, nets)
         out: Tensor = self._call(batch, q_net, nets)
         return out
+
+
+class CompiledApply:
+    """The Q-trainer's `apply_update` (optimizer step, soft target update), compiled once
+    per run for a captured CUDA graph (module notes); a compile failure on the first call
+    means the eager update, fused Adam again, for the rest of the run, with a warning."""
+
+    def __init__(self, trainer: QLearningTrainer[Any]) -> None:
+        self.trainer = trainer
+        self.failed = ""
+        self.compile_s = 0.0
+        self._calls = 0
+        # Inductor fuses the multi-tensor formulation; torch's fused kernel is opaque to it.
+        self._fused = [bool(g.get("fused")) for g in trainer.optimizer.param_groups]
+        self._set_fused(False)
+        self._compiled: Any = torch.compile(trainer.apply_update, dynamic=False)
+
+    def _set_fused(self, fused: bool) -> None:
+        for group, was in zip(self.trainer.optimizer.param_groups, self._fused, strict=True):
+            if was:
+                group["fused"], group["foreach"] = fused, not fused
+
+    def __call__(self) -> None:
+        if self.failed:
+            self.trainer.apply_update()
+            return
+        first = self._calls == 0
+        start = time.perf_counter()
+        try:
+            self._compiled()
+        except Exception as err:  # compilation problems: the eager update is always right
+            if not first:
+                raise
+            self.failed = f"{type(err).__name__}: {(str(err).splitlines() or [''])[0][:200]}"
+            log.warning("training.compile: update compilation failed (%s); eager", self.failed)
+            self._set_fused(True)
+            self.trainer.apply_update()
+            return
+        self._calls += 1
+        if first:
+            self.compile_s = time.perf_counter() - start
+            log.info("training.compile: optimizer step compiled in %.1f s", self.compile_s)
+
+    def describe(self) -> str:
+        if self.failed:
+            return f"optimizer step eager (compile failed: {self.failed})"
+        return "optimizer step compiled"

@@ -15,7 +15,7 @@ from torch import Tensor, nn
 from reagent_lite.distributed.context import DistContext
 from reagent_lite.evaluation.cpe_models import CpeModelTrainer
 from reagent_lite.trainers.common import QLearningTrainer
-from reagent_lite.training.compiled import CompiledCpeLoss, CompiledLoss
+from reagent_lite.training.compiled import CompiledApply, CompiledCpeLoss, CompiledLoss
 from reagent_lite.training.precision import step_precision
 from reagent_lite.training.sources import LazyBatch
 
@@ -33,7 +33,8 @@ class Update:
     `precision` (`training.precision`) is the arithmetic of the whole step, both models'
     forwards and backwards (`precision.step_precision`); `loss` / `cpe_loss`, when given,
     replace the Q-trainer's and the CPE models' `compute_loss` (`training.compile`:
-    `compiled.CompiledLoss`, `compiled.CompiledCpeLoss`)."""
+    `compiled.CompiledLoss`, `compiled.CompiledCpeLoss`); `apply`, when given, replaces the
+    Q-trainer's optimizer step and soft target update (`compiled.CompiledApply`)."""
 
     def __init__(
         self,
@@ -46,6 +47,7 @@ class Update:
         precision: str = "fp32",
         loss: CompiledLoss | None = None,
         cpe_loss: CompiledCpeLoss | None = None,
+        apply: CompiledApply | None = None,
     ) -> None:
         self.trainer = trainer
         self.cpe = cpe
@@ -55,11 +57,14 @@ class Update:
         self.precision = precision
         self.loss = loss
         self.cpe_loss = cpe_loss
+        self.apply = apply
         self.device = loss_sum.device
 
     def __call__(self, batches: list[LazyBatch]) -> None:
         with step_precision(self.precision, self.device):
-            record = self.trainer.train_step(batches, grad_sync=self.q_sync, loss=self.loss)
+            record = self.trainer.train_step(
+                batches, grad_sync=self.q_sync, loss=self.loss, apply=self.apply
+            )
             self.loss_sum += record.total
             if self.cpe is not None:
                 self.cpe.train_step(
@@ -73,6 +78,8 @@ class Update:
             parts.append(self.loss.describe())
         if self.cpe_loss is not None and self.cpe is not None:
             parts.append("CPE models' loss " + ("eager" if self.cpe_loss.failed else "compiled"))
+        if self.apply is not None:
+            parts.append(self.apply.describe())
         return ", ".join(parts)
 
     def averaging_gradients(self, ctx: DistContext) -> Update:
@@ -87,6 +94,7 @@ class Update:
             precision=self.precision,
             loss=self.loss,
             cpe_loss=self.cpe_loss,
+            apply=self.apply,
         )
 
     def modules(self) -> list[nn.Module]:
