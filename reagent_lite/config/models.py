@@ -240,8 +240,10 @@ class TrainingParameters(_Model):
     compile: bool = Field(
         default=False,
         description="Compile the loss's forward and backward with torch.compile (Inductor), "
-        "the CPE side models' loss included, so that they run as a few fused kernels, inside the CUDA graph when cuda_graphs "
-        "is on. Costs a compilation of tens of seconds at the start of a run (cached by "
+        "the CPE side models' loss included, so that they run as a few fused kernels, inside "
+        "the CUDA graph when cuda_graphs is on; under a CUDA graph the optimizer step and "
+        "soft target update are compiled too. "
+        "Costs a compilation of tens of seconds at the start of a run (cached by "
         "torch across runs); worth it for long runs, mostly on GPU. Falls back to the "
         "plain step, with a warning, if compilation fails.",
     )
