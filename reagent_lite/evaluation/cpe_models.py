@@ -164,11 +164,13 @@ class CpeModelTrainer:
         q_net: nn.Module,
         grad_sync: Callable[[], None] | None = None,
         loss: Callable[[Any, nn.Module, nn.Module], Tensor] | None = None,
+        apply: Callable[[], None] | None = None,
     ) -> Tensor:
         """One step of both models on `batch` (a `TensorDict` or the step runner's
         `LazyBatch`). With `grad_sync`, the forward goes through `plain` and `grad_sync()`
         averages the gradients between backward and step; `loss` replaces `compute_loss`
-        (`training.compiled.CompiledCpeLoss`)."""
+        (`training.compiled.CompiledCpeLoss`) and `apply()` replaces `apply_update`
+        (`training.compiled.CompiledApply`)."""
         for p in self._params:  # = optimizer.zero_grad(set_to_none=True), minus its wrapper
             p.grad = None
         nets = self.nets if grad_sync is None else self.plain
@@ -176,9 +178,14 @@ class CpeModelTrainer:
         value.backward()
         if grad_sync is not None:
             grad_sync()
+        (self.apply_update if apply is None else apply)()
+        return value.detach()
+
+    def apply_update(self) -> None:
+        """The optimizer step on the gradients in place, then the target value net's soft
+        update."""
         self.optimizer.step()
         self._soft_update(self.tau)
-        return value.detach()
 
     def state_dict(self) -> dict[str, Any]:
         return {

@@ -19,7 +19,7 @@ reward and value regressions) is compiled the same way, so with CPE on the whole
 fused, not only the Q-network's half.
 
 In a captured CUDA graph the optimizer step and the soft target update are compiled too
-(`CompiledApply`). torch's fused Adam runs one thread block per 65,536-element chunk of
+(`CompiledApply`: the Q-network's and, with CPE on, the CPE side models'). torch's fused Adam runs one thread block per 65,536-element chunk of
 the parameters: for a Q-network of tens of thousands of parameters that is a handful of
 blocks on a GPU of 132 SMs, and measured on an H100 (batch 8192, MLP 256×256) it was 15%
 of the step, the soft update's multi-tensor kernel 4% more. Inductor turns the same
@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -142,28 +143,33 @@ class CompiledCpeLoss(_Compiled):
 
 
 class CompiledApply:
-    """The Q-trainer's `apply_update` (optimizer step, soft target update), compiled once
-    per run for a captured CUDA graph (module notes); a compile failure on the first call
-    means the eager update, fused Adam again, for the rest of the run, with a warning."""
+    """A trainer's `apply_update` (the optimizer step, then a soft target update) —
+    `optimizer` being the one it steps —, compiled once per run for a captured CUDA graph
+    (module notes); a compile failure on the first call means the eager update, fused Adam
+    again, for the rest of the run, with a warning. `what` names it in the log."""
 
-    def __init__(self, trainer: QLearningTrainer[Any]) -> None:
-        self.trainer = trainer
+    def __init__(
+        self, optimizer: torch.optim.Optimizer, apply_update: Callable[[], None], what: str
+    ) -> None:
+        self.optimizer = optimizer
+        self.apply_update = apply_update
+        self.what = what
         self.failed = ""
         self.compile_s = 0.0
         self._calls = 0
         # Inductor fuses the multi-tensor formulation; torch's fused kernel is opaque to it.
-        self._fused = [bool(g.get("fused")) for g in trainer.optimizer.param_groups]
+        self._fused = [bool(g.get("fused")) for g in optimizer.param_groups]
         self._set_fused(False)
-        self._compiled: Any = torch.compile(trainer.apply_update, dynamic=False)
+        self._compiled: Any = torch.compile(apply_update, dynamic=False)
 
     def _set_fused(self, fused: bool) -> None:
-        for group, was in zip(self.trainer.optimizer.param_groups, self._fused, strict=True):
+        for group, was in zip(self.optimizer.param_groups, self._fused, strict=True):
             if was:
                 group["fused"], group["foreach"] = fused, not fused
 
     def __call__(self) -> None:
         if self.failed:
-            self.trainer.apply_update()
+            self.apply_update()
             return
         first = self._calls == 0
         start = time.perf_counter()
@@ -173,16 +179,18 @@ class CompiledApply:
             if not first:
                 raise
             self.failed = f"{type(err).__name__}: {(str(err).splitlines() or [''])[0][:200]}"
-            log.warning("training.compile: update compilation failed (%s); eager", self.failed)
+            log.warning(
+                "training.compile: %s compilation failed (%s); eager", self.what, self.failed
+            )
             self._set_fused(True)
-            self.trainer.apply_update()
+            self.apply_update()
             return
         self._calls += 1
         if first:
             self.compile_s = time.perf_counter() - start
-            log.info("training.compile: optimizer step compiled in %.1f s", self.compile_s)
+            log.info("training.compile: %s compiled in %.1f s", self.what, self.compile_s)
 
     def describe(self) -> str:
         if self.failed:
-            return f"optimizer step eager (compile failed: {self.failed})"
-        return "optimizer step compiled"
+            return f"{self.what} eager (compile failed: {self.failed})"
+        return f"{self.what} compiled"

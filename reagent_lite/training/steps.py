@@ -166,8 +166,12 @@ def build_step_runner(
     graph, why_eager = None, ""
     if cuda_graphs and device.type == "cuda":
         why_eager = graph_blocker(update, ctx)
-        if not why_eager and compiled:
-            update.apply = CompiledApply(trainer)  # only under a graph: compiled.py says why
+        if not why_eager and compiled:  # only under a graph: compiled.py says why
+            update.apply = CompiledApply(trainer.optimizer, trainer.apply_update, "optimizer step")
+            if cpe is not None:
+                update.cpe_apply = CompiledApply(
+                    cpe.optimizer, cpe.apply_update, "CPE models' optimizer step"
+                )
         graph = None if why_eager else GraphStep(update, source, ctx)
     return StepRunner(source, update, graph, why_eager)
 

@@ -34,7 +34,8 @@ class Update:
     forwards and backwards (`precision.step_precision`); `loss` / `cpe_loss`, when given,
     replace the Q-trainer's and the CPE models' `compute_loss` (`training.compile`:
     `compiled.CompiledLoss`, `compiled.CompiledCpeLoss`); `apply`, when given, replaces the
-    Q-trainer's optimizer step and soft target update (`compiled.CompiledApply`)."""
+    Q-trainer's optimizer step and soft target update, `cpe_apply` the CPE models' ones
+    (`compiled.CompiledApply`)."""
 
     def __init__(
         self,
@@ -48,6 +49,7 @@ class Update:
         loss: CompiledLoss | None = None,
         cpe_loss: CompiledCpeLoss | None = None,
         apply: CompiledApply | None = None,
+        cpe_apply: CompiledApply | None = None,
     ) -> None:
         self.trainer = trainer
         self.cpe = cpe
@@ -58,6 +60,7 @@ class Update:
         self.loss = loss
         self.cpe_loss = cpe_loss
         self.apply = apply
+        self.cpe_apply = cpe_apply
         self.device = loss_sum.device
 
     def __call__(self, batches: list[LazyBatch]) -> None:
@@ -68,7 +71,11 @@ class Update:
             self.loss_sum += record.total
             if self.cpe is not None:
                 self.cpe.train_step(
-                    batches[0], self.trainer.online, grad_sync=self.cpe_sync, loss=self.cpe_loss
+                    batches[0],
+                    self.trainer.online,
+                    grad_sync=self.cpe_sync,
+                    loss=self.cpe_loss,
+                    apply=self.cpe_apply,
                 )
 
     def describe(self) -> str:
@@ -80,6 +87,8 @@ class Update:
             parts.append("CPE models' loss " + ("eager" if self.cpe_loss.failed else "compiled"))
         if self.apply is not None:
             parts.append(self.apply.describe())
+        if self.cpe_apply is not None and self.cpe is not None:
+            parts.append(self.cpe_apply.describe())
         return ", ".join(parts)
 
     def averaging_gradients(self, ctx: DistContext) -> Update:
@@ -95,6 +104,7 @@ class Update:
             loss=self.loss,
             cpe_loss=self.cpe_loss,
             apply=self.apply,
+            cpe_apply=self.cpe_apply,
         )
 
     def modules(self) -> list[nn.Module]:

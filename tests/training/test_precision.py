@@ -143,5 +143,6 @@ def test_cuda_graph_with_compiled_loss_and_precisions(tmp_path: Path, kind: str)
         text = wf.step_runner().describe()
         assert wf.step_runner().mode == "graph" and "loss compiled by Inductor" in text, text
         assert "optimizer step compiled" in text, text  # Adam and the soft update, too
+        assert "CPE models' optimizer step compiled" in text, text
         worst = max(float((x - y).abs().max()) for x, y in zip(base, got, strict=True))
         assert worst < tol, (name, worst)
