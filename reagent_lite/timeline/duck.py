@@ -1,8 +1,9 @@
 """The timeline on DuckDB: embedded, out of core, every core (the default engine).
 
-DuckDB runs the checks of `query.py` and its one sort of the steps (`sorted_steps_sql`)
-over a Parquet file or directory (read in place, only the columns a query needs) or JSON
-Lines (parsed once into a temporary table). The sort spills to a temporary directory when
+DuckDB runs its one sort of the steps (`sorted_steps_sql`) over a Parquet file or directory
+(read in place, only the columns a query needs) or JSON Lines (parsed once into a temporary
+table); the value checks run on the sorted stream (`pairing.py`), and their SQL of
+`query.py` only once a row breaks one, for the message. The sort spills to a temporary directory when
 it outgrows `memory_limit`, so a step log of any size runs in bounded memory; its threads
 cover every core unless told otherwise. The sorted steps stream out as Arrow batches, are
 paired in Arrow (`pairing.py`: the values of `transitions_sql`, without its second sort
@@ -216,15 +217,36 @@ def stream_transitions(
     eval_fraction: float,
     seed: int,
     batch_rows: int = STREAM_BATCH_ROWS,
+    check: bool = False,
 ) -> tuple[pa.Schema, Generator[tuple[Side, pa.RecordBatch], None, None]]:
     """The transitions of `sides` as Arrow batches (train before eval, each sorted by
-    mdp_id and sequence_number), and their schema. Close the iterator when done early."""
+    mdp_id and sequence_number), and their schema. Close the iterator when done early.
+    `check`: raise `pairing.BrokenCheck` at the first row breaking a value check."""
     sql = sorted_steps_sql(
         columns, DuckDialect(), sides=sides, eval_fraction=eval_fraction, seed=seed
     )
     reader = con.sql(sql).to_arrow_reader(batch_rows)
     layout = Layout.of(reader.schema, columns)
-    return layout.schema, _read_ahead(paired_batches(reader, layout), con.interrupt)
+    batches = paired_batches(reader, layout, check=check)
+    return layout.schema, _read_ahead(batches, con.interrupt, reader.close)
+
+
+@contextmanager
+def checked(con: duckdb.DuckDBPyConnection, columns: StepColumns) -> Iterator[None]:
+    """Run a stream of every step with `check=True` inside: if it fails (a row breaks a
+    check, or pairing or DuckDB fail on a bad row), the checks' SQL runs first and raises
+    their `DataError` (the count and an example, as when they ran before the sort, two
+    passes over the log that a good log no longer pays); else the failure itself (running
+    out of memory is a `ReagentLiteError`, not rechecked)."""
+    try:
+        yield
+    except (DataError, duckdb.Error, pa.ArrowException):
+        check_values(con, columns)
+        raise
+
+
+def _out_of_memory(err: Exception) -> bool:
+    return isinstance(err, duckdb.OutOfMemoryException) or "Out of Memory" in str(err)
 
 
 _END = object()
@@ -232,12 +254,16 @@ _Item = tuple[Side, pa.RecordBatch]
 
 
 def _read_ahead(
-    batches: Iterator[_Item], interrupt: Callable[[], None], depth: int = 2
+    batches: Iterator[_Item],
+    interrupt: Callable[[], None],
+    release: Callable[[], None],
+    depth: int = 2,
 ) -> Generator[_Item, None, None]:
     """`batches`, produced by a thread: DuckDB merges and converts the next batch and it is
     paired while the caller writes this one (Arrow and DuckDB release the GIL), which keeps
     the writer, the longest single-threaded part, busy. A caller that stops early (an
-    error, Ctrl-C) interrupts the query rather than wait for its sort."""
+    error, Ctrl-C) interrupts the query rather than wait for its sort. At the end the
+    query's result is `release`d, so the connection can run another query (the checks)."""
     items: queue.Queue[object] = queue.Queue(maxsize=depth)
     stop = threading.Event()
 
@@ -273,6 +299,7 @@ def _read_ahead(
         if not finished:
             interrupt()
         thread.join()
+        release()
 
 
 class _TableFile:
@@ -344,17 +371,18 @@ def build_training_table(
         con.execute("CREATE VIEW steps AS SELECT * FROM steps_arrow")
         columns = describe(con, source)
         columns.check()
-        check_values(con, columns)
-        schema, stream = stream_transitions(
-            con, columns, ("train", "eval"), eval_fraction=eval_fraction, seed=seed
-        )
         batches: dict[Side, list[pa.RecordBatch]] = {"train": [], "eval": []}
-        try:
-            with closing(stream):
-                for side, batch in stream:
-                    batches[side].append(batch)
-        except DataError as err:  # from pairing: name the input
-            raise DataError(f"{source}: {err}") from err
+        with checked(con, columns):
+            schema, stream = stream_transitions(
+                con, columns, ("train", "eval"), eval_fraction=eval_fraction, seed=seed,
+                check=True,
+            )  # fmt: skip
+            try:
+                with closing(stream):
+                    for side, batch in stream:
+                        batches[side].append(batch)
+            except DataError as err:  # from pairing: name the input
+                raise DataError(f"{source}: {err}") from err
     return (
         pa.Table.from_batches(batches["train"], schema),
         pa.Table.from_batches(batches["eval"], schema),
@@ -374,32 +402,48 @@ def write_sides(
     (atomically: a temporary file beside it, then a rename). Returns rows per side."""
     with connect(settings) as con:
         columns = open_steps(con, input_path)
-        check_values(con, columns)
-        files: dict[Side, _TableFile] = {}
-        try:
-            schema, stream = stream_transitions(
-                con, columns, list(outputs), eval_fraction=eval_fraction, seed=seed,
-                batch_rows=batch_rows,
+        every_row = set(outputs) in ({"all"}, {"train", "eval"})
+        if not every_row:  # the stream holds one side: check the whole log beforehand
+            check_values(con, columns)
+        with checked(con, columns):
+            return _write(
+                input_path, outputs,
+                lambda: stream_transitions(
+                    con, columns, list(outputs), eval_fraction=eval_fraction, seed=seed,
+                    batch_rows=batch_rows, check=every_row,
+                ),
             )  # fmt: skip
-            for side, path in outputs.items():
-                path.parent.mkdir(parents=True, exist_ok=True)
-                files[side] = _TableFile(path, schema)
-            with closing(stream):
-                for side, batch in stream:
-                    files[side].write(batch)
-            for table_file in files.values():
-                table_file.commit()
-        except DataError as err:  # from pairing: name the input
-            raise DataError(f"{input_path}: {err}") from err
-        except (duckdb.Error, pa.ArrowException) as err:
-            if isinstance(err, duckdb.OutOfMemoryException) or "Out of Memory" in str(err):
-                raise ReagentLiteError(
-                    f"{input_path}: DuckDB ran out of memory ({_first_line(err)}); raise "
-                    "--memory-limit or point --temp-dir at a disk with more free space"
-                ) from err
-            raise DataError(f"{input_path}: {_first_line(err)}") from err
-        finally:
-            for table_file in files.values():
-                if table_file.tmp.exists():
-                    table_file.discard()
+
+
+def _write(
+    input_path: str | os.PathLike[str],
+    outputs: dict[Side, Path],
+    transitions: Callable[[], tuple[pa.Schema, Generator[_Item, None, None]]],
+) -> dict[Side, int]:
+    """Write each side's batches of the stream `transitions()` starts; on any failure, no
+    file (nor its temporary)."""
+    files: dict[Side, _TableFile] = {}
+    try:
+        schema, stream = transitions()
+        for side, path in outputs.items():
+            path.parent.mkdir(parents=True, exist_ok=True)
+            files[side] = _TableFile(path, schema)
+        with closing(stream):
+            for side, batch in stream:
+                files[side].write(batch)
+        for table_file in files.values():
+            table_file.commit()
+    except DataError as err:  # from pairing: name the input
+        raise DataError(f"{input_path}: {err}") from err
+    except (duckdb.Error, pa.ArrowException) as err:
+        if _out_of_memory(err):
+            raise ReagentLiteError(
+                f"{input_path}: DuckDB ran out of memory ({_first_line(err)}); raise "
+                "--memory-limit or point --temp-dir at a disk with more free space"
+            ) from err
+        raise DataError(f"{input_path}: {_first_line(err)}") from err
+    finally:
+        for table_file in files.values():
+            if table_file.tmp.exists():
+                table_file.discard()
     return {side: table_file.rows for side, table_file in files.items()}

@@ -9,6 +9,12 @@ So each next_* column is its source column shifted up by one row, with the termi
 of `query.terminal` where the next row starts another episode (or side, or there is none),
 and `time_diff` is the difference of neighbouring sequence numbers, else 1: the same
 values, row for row, as the SQL (tests compare the two on logs spanning many batches).
+
+The stream also runs the value checks of `checks_sql` and `duplicates_sql` (nulls, the
+propensity range, a repeated (mdp_id, sequence_number), which in this order is two
+neighbouring rows with a gap of 0) on each batch it already holds, instead of two more
+passes over the log. The first row breaking one raises `BrokenCheck`; the engine then
+runs the checks' SQL for the message every engine gives (the count and an example row).
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ import pyarrow.compute as pc
 from reagent_lite.errors import DataError
 from reagent_lite.timeline.query import (
     EVAL_FLAG,
+    NOT_NULL,
     Side,
     StepColumns,
     Terminal,
@@ -30,6 +37,11 @@ from reagent_lite.timeline.query import (
     pairs,
     terminal,
 )
+
+
+class BrokenCheck(DataError):
+    """A row of the stream breaks a rule of `checks_sql` or `duplicates_sql` (the message
+    says which, near which episode)."""
 
 
 @dataclass(frozen=True)
@@ -54,18 +66,34 @@ class Layout:
 
 
 def paired_batches(
-    batches: Iterable[pa.RecordBatch], layout: Layout
+    batches: Iterable[pa.RecordBatch], layout: Layout, *, check: bool = False
 ) -> Generator[tuple[Side, pa.RecordBatch], None, None]:
-    """Transition batches, each with its side, in the stream's order."""
+    """Transition batches, each with its side, in the stream's order. `check`: raise
+    `BrokenCheck` at the first row breaking a value check (the stream must hold every row
+    of the log: sides `all`, or train and eval)."""
     pending: tuple[Side, pa.RecordBatch] | None = None
     for batch in batches:
+        if check:
+            _check_values(batch)
         for side, part in _sides(batch, layout.split):
             if pending is not None:
                 look = part if side == pending[0] else None
-                yield pending[0], _pair(pending[1], look, layout)
+                yield pending[0], _pair(pending[1], look, layout, check)
             pending = (side, part)
     if pending is not None:
-        yield pending[0], _pair(pending[1], None, layout)
+        yield pending[0], _pair(pending[1], None, layout, check)
+
+
+def _check_values(batch: pa.RecordBatch) -> None:
+    """The rules of `checks_sql` on one batch: no nulls where a value is needed, and a
+    propensity in (0, 1] (a NaN is outside, as in the SQL)."""
+    for name in NOT_NULL:
+        if batch.column(name).null_count:
+            raise BrokenCheck(f"column '{name}': a null value")
+    prop = batch.column("action_probability")
+    inside = pc.and_(pc.greater(prop, 0), pc.less_equal(prop, 1))
+    if not pc.all(inside).as_py():
+        raise BrokenCheck("column 'action_probability': a value outside (0, 1]")
 
 
 def _sides(batch: pa.RecordBatch, split: bool) -> Iterator[tuple[Side, pa.RecordBatch]]:
@@ -83,8 +111,11 @@ def _sides(batch: pa.RecordBatch, split: bool) -> Iterator[tuple[Side, pa.Record
         yield "eval", batch.slice(cut)
 
 
-def _pair(batch: pa.RecordBatch, look: pa.RecordBatch | None, layout: Layout) -> pa.RecordBatch:
-    """`batch`'s transitions; `look` is the stream's next part on the same side, if any."""
+def _pair(
+    batch: pa.RecordBatch, look: pa.RecordBatch | None, layout: Layout, check: bool = False
+) -> pa.RecordBatch:
+    """`batch`'s transitions; `look` is the stream's next part on the same side, if any.
+    `check`: raise `BrokenCheck` if a row and the next repeat (mdp_id, sequence_number)."""
     n = batch.num_rows
     ids = batch.column("mdp_id")
     # has_next[i]: row i + 1 (the first row of `look` for the last row) is the same episode.
@@ -120,7 +151,12 @@ def _pair(batch: pa.RecordBatch, look: pa.RecordBatch | None, layout: Layout) ->
             f"column 'sequence_number': the gap between two steps of one episode does not "
             f"fit a 64-bit integer (near mdp_id={ids[0]}) ({err})"
         ) from err
-    columns["time_diff"] = pc.if_else(pa.array(has_next), gaps, pa.scalar(1, pa.int64()))
+    following = pa.array(has_next)
+    if check and pc.any(pc.and_(following, pc.equal(gaps, 0))).as_py():
+        raise BrokenCheck(
+            f"columns 'mdp_id', 'sequence_number': a repeated pair (near mdp_id={ids[0]})"
+        )
+    columns["time_diff"] = pc.if_else(following, gaps, pa.scalar(1, pa.int64()))
     return pa.RecordBatch.from_arrays(
         [columns[f.name] for f in layout.schema], schema=layout.schema
     )
