@@ -40,8 +40,8 @@ from reagent_lite.timeline.query import (
 
 
 class BrokenCheck(DataError):
-    """A row of the stream breaks a rule of `checks_sql` or `duplicates_sql` (the message
-    says which, near which episode)."""
+    """A row of the stream breaks a rule of `checks_sql` or `duplicates_sql`: the message
+    names the column and the first such row of the stream (no count: the stream stops)."""
 
 
 @dataclass(frozen=True)
@@ -86,14 +86,29 @@ def paired_batches(
 
 def _check_values(batch: pa.RecordBatch) -> None:
     """The rules of `checks_sql` on one batch: no nulls where a value is needed, and a
-    propensity in (0, 1] (a NaN is outside, as in the SQL)."""
+    propensity in (0, 1] (a NaN is outside)."""
     for name in NOT_NULL:
-        if batch.column(name).null_count:
-            raise BrokenCheck(f"column '{name}': a null value")
-    prop = batch.column("action_probability")
-    inside = pc.and_(pc.greater(prop, 0), pc.less_equal(prop, 1))
+        column = batch.column(name)
+        if column.null_count:
+            row = pc.index(column.is_null(), True).as_py()
+            raise BrokenCheck(
+                f"column '{name}': rows are null (expected values); e.g. {_example(batch, row)}"
+            )
+    prop = pc.cast(batch.column("action_probability"), pa.float64())
+    inside = pc.and_(pc.greater(prop, 0.0), pc.less_equal(prop, 1.0))
     if not pc.all(inside).as_py():
-        raise BrokenCheck("column 'action_probability': a value outside (0, 1]")
+        row = pc.index(inside, False).as_py()
+        raise BrokenCheck(
+            "column 'action_probability': rows outside (0, 1] (a logging propensity must be "
+            f"positive and at most 1); e.g. {_example(batch, row)}, value={prop[row].as_py()}"
+        )
+
+
+def _example(batch: pa.RecordBatch, row: int) -> str:
+    """Row `row` named as in the checks' messages (`query.ROW_EXAMPLE`)."""
+    key = [batch.column(c)[row].as_py() for c in ("mdp_id", "sequence_number")]
+    mdp_id, seq = ("null" if v is None else v for v in key)
+    return f"mdp_id={mdp_id}, sequence_number={seq}"
 
 
 def _sides(batch: pa.RecordBatch, split: bool) -> Iterator[tuple[Side, pa.RecordBatch]]:
@@ -152,10 +167,15 @@ def _pair(
             f"fit a 64-bit integer (near mdp_id={ids[0]}) ({err})"
         ) from err
     following = pa.array(has_next)
-    if check and pc.any(pc.and_(following, pc.equal(gaps, 0))).as_py():
-        raise BrokenCheck(
-            f"columns 'mdp_id', 'sequence_number': a repeated pair (near mdp_id={ids[0]})"
-        )
+    if check:
+        repeated = pc.and_(following, pc.equal(gaps, 0))
+        if pc.any(repeated).as_py():
+            row = pc.index(repeated, True).as_py()
+            raise BrokenCheck(
+                "columns 'mdp_id', 'sequence_number': rows repeat the sequence number of "
+                f"another step of the same episode (expected unique pairs); e.g. "
+                f"{_example(batch, row)}"
+            )
     columns["time_diff"] = pc.if_else(following, gaps, pa.scalar(1, pa.int64()))
     return pa.RecordBatch.from_arrays(
         [columns[f.name] for f in layout.schema], schema=layout.schema
