@@ -26,7 +26,6 @@ from pathlib import Path
 
 import duckdb
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 from reagent_lite.errors import ConfigError, DataError, ReagentLiteError
 from reagent_lite.timeline.files import step_files
@@ -40,18 +39,13 @@ from reagent_lite.timeline.query import (
     raise_for_checks,
     sorted_steps_sql,
 )
+from reagent_lite.timeline.tables import ROW_GROUP_SIZE, TableFile
 
-# Row-group size of written tables: small enough that a few thousand episodes still give
-# every rank of a multi-GPU job its own row groups (docs/DISTRIBUTED.md).
-ROW_GROUP_SIZE = 16_384
 DEFAULT_MEMORY_LIMIT = "1GB"
 # Rows per Arrow batch of the sorted stream, one row group's worth: per-batch work stays
 # amortised, and the batches in flight (about four) stay small beside DuckDB's memory
 # limit (65,536 rows took 0.14 GiB more peak memory at 5M steps, for the same CPU time).
 STREAM_BATCH_ROWS = ROW_GROUP_SIZE
-# Parquet statistics only for the key columns (a reader may prune row groups by episode):
-# min/max of every map key and value was a fifth of the writer's CPU time.
-_STATISTICS = ["mdp_id", "sequence_number"]
 _INTEGER = {
     "TINYINT",
     "SMALLINT",
@@ -302,58 +296,6 @@ def _read_ahead(
         release()
 
 
-class _TableFile:
-    """One side's Parquet file, written into a temporary name beside it, in row groups of
-    ROW_GROUP_SIZE rows (the last one fewer) whatever the sizes of the batches."""
-
-    def __init__(self, path: Path, schema: pa.Schema) -> None:
-        self.path, self.schema = path, schema
-        self.tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-        self.writer = pq.ParquetWriter(
-            self.tmp,
-            schema,
-            compression="snappy",
-            use_dictionary=_string_columns(schema),
-            write_statistics=[c for c in _STATISTICS if c in schema.names],
-        )
-        self.pending: list[pa.RecordBatch] = []
-        self.buffered = self.rows = 0
-
-    def write(self, batch: pa.RecordBatch) -> None:
-        self.pending.append(batch)
-        self.buffered += batch.num_rows
-        if self.buffered >= ROW_GROUP_SIZE:
-            self._flush(self.buffered - self.buffered % ROW_GROUP_SIZE)
-
-    def _flush(self, rows: int) -> None:
-        table = pa.Table.from_batches(self.pending, self.schema)
-        self.writer.write_table(table.slice(0, rows), row_group_size=ROW_GROUP_SIZE)
-        self.pending = table.slice(rows).to_batches()
-        self.buffered -= rows
-        self.rows += rows
-
-    def commit(self) -> None:
-        if self.buffered:
-            self._flush(self.buffered)
-        self.writer.close()
-        os.replace(self.tmp, self.path)
-
-    def discard(self) -> None:
-        self.writer.close()
-        self.tmp.unlink(missing_ok=True)
-
-
-def _string_columns(schema: pa.Schema) -> list[str]:
-    """Parquet paths of the string leaves (map keys, action names, ids): dictionary-encoded,
-    which keeps files small and lets readers decode feature ids as dictionaries; numbers
-    are not (their dictionaries fill up and are dropped, after costing the writer time)."""
-    sink = pa.BufferOutputStream()
-    pq.write_table(schema.empty_table(), sink)
-    meta = pq.ParquetFile(pa.BufferReader(sink.getvalue())).schema
-    leaves = (meta.column(i) for i in range(len(meta)))
-    return [c.path for c in leaves if c.physical_type == "BYTE_ARRAY"]
-
-
 def build_training_table(
     steps: pa.Table,
     *,
@@ -422,12 +364,12 @@ def _write(
 ) -> dict[Side, int]:
     """Write each side's batches of the stream `transitions()` starts; on any failure, no
     file (nor its temporary)."""
-    files: dict[Side, _TableFile] = {}
+    files: dict[Side, TableFile] = {}
     try:
         schema, stream = transitions()
         for side, path in outputs.items():
             path.parent.mkdir(parents=True, exist_ok=True)
-            files[side] = _TableFile(path, schema)
+            files[side] = TableFile(path, schema)
         with closing(stream):
             for side, batch in stream:
                 files[side].write(batch)

@@ -245,8 +245,9 @@ def test_a_good_log_is_checked_on_the_stream_alone(steps, tmp_path, monkeypatch)
 
 
 def test_a_nan_propensity_is_refused(steps, tmp_path) -> None:
-    # NaN is outside (0, 1]; DuckDB's aggregate over Parquet misses it (its statistics
-    # leave NaN out), the stream does not: its own message, naming the row.
+    # NaN is outside (0, 1]; DuckDB's aggregate over Parquet misses it (it folds the
+    # comparison away with the file's min/max statistics, which leave NaN out), the stream
+    # does not: its own message, naming the row.
     src = tmp_path / "steps.parquet"
     bad = _set(steps, "action_probability", 9, float("nan"))
     pq.write_table(bad, src)
