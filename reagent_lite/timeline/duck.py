@@ -2,13 +2,13 @@
 
 DuckDB runs its one sort of the steps (`sorted_steps_sql`) over a Parquet file or directory
 (read in place, only the columns a query needs) or JSON Lines (parsed once into a temporary
-table); the value checks run on the sorted stream (`pairing.py`), and their SQL of
-`query.py` only once a row breaks one, for the message. The sort spills to a temporary directory when
-it outgrows `memory_limit`, so a step log of any size runs in bounded memory; its threads
-cover every core unless told otherwise. The sorted steps stream out as Arrow batches, are
-paired in Arrow (`pairing.py`: the values of `transitions_sql`, without its second sort
-and window) and written by Arrow's Parquet writer, which costs about half the CPU of
-DuckDB's on these nested columns (benchmarks/RESULTS.md).
+table). The sort spills to a temporary directory when it outgrows `memory_limit`, so a step
+log of any size runs in bounded memory; its threads cover every core unless told otherwise.
+The sorted steps stream out as Arrow batches, are paired and checked in Arrow (`pairing.py`:
+the values of `transitions_sql`, without its second sort and window, and the rules of the
+checks' SQL, which runs only once a row breaks one, for the message) and written by Arrow's
+Parquet writer (`tables.py`), which costs about half the CPU of DuckDB's on these nested
+columns (benchmarks/RESULTS.md).
 """
 
 from __future__ import annotations
