@@ -1,13 +1,14 @@
 """The timeline on DuckDB: embedded, out of core, every core (the default engine).
 
-DuckDB runs the checks of `query.py` and its one sort of the steps (`sorted_steps_sql`)
-over a Parquet file or directory (read in place, only the columns a query needs) or JSON
-Lines (parsed once into a temporary table). The sort spills to a temporary directory when
-it outgrows `memory_limit`, so a step log of any size runs in bounded memory; its threads
-cover every core unless told otherwise. The sorted steps stream out as Arrow batches, are
-paired in Arrow (`pairing.py`: the values of `transitions_sql`, without its second sort
-and window) and written by Arrow's Parquet writer, which costs about half the CPU of
-DuckDB's on these nested columns (benchmarks/RESULTS.md).
+DuckDB runs its one sort of the steps (`sorted_steps_sql`) over a Parquet file or directory
+(read in place, only the columns a query needs) or JSON Lines (parsed once into a temporary
+table). The sort spills to a temporary directory when it outgrows `memory_limit`, so a step
+log of any size runs in bounded memory; its threads cover every core unless told otherwise.
+The sorted steps stream out as Arrow batches, are paired and checked in Arrow (`pairing.py`:
+the values of `transitions_sql`, without its second sort and window, and the rules of the
+checks' SQL, which runs only once a row breaks one, for the message) and written by Arrow's
+Parquet writer (`tables.py`), which costs about half the CPU of DuckDB's on these nested
+columns (benchmarks/RESULTS.md).
 """
 
 from __future__ import annotations
@@ -25,7 +26,6 @@ from pathlib import Path
 
 import duckdb
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 from reagent_lite.errors import ConfigError, DataError, ReagentLiteError
 from reagent_lite.timeline.files import step_files
@@ -39,18 +39,13 @@ from reagent_lite.timeline.query import (
     raise_for_checks,
     sorted_steps_sql,
 )
+from reagent_lite.timeline.tables import ROW_GROUP_SIZE, TableFile
 
-# Row-group size of written tables: small enough that a few thousand episodes still give
-# every rank of a multi-GPU job its own row groups (docs/DISTRIBUTED.md).
-ROW_GROUP_SIZE = 16_384
 DEFAULT_MEMORY_LIMIT = "1GB"
 # Rows per Arrow batch of the sorted stream, one row group's worth: per-batch work stays
 # amortised, and the batches in flight (about four) stay small beside DuckDB's memory
 # limit (65,536 rows took 0.14 GiB more peak memory at 5M steps, for the same CPU time).
 STREAM_BATCH_ROWS = ROW_GROUP_SIZE
-# Parquet statistics only for the key columns (a reader may prune row groups by episode):
-# min/max of every map key and value was a fifth of the writer's CPU time.
-_STATISTICS = ["mdp_id", "sequence_number"]
 _INTEGER = {
     "TINYINT",
     "SMALLINT",
@@ -216,15 +211,36 @@ def stream_transitions(
     eval_fraction: float,
     seed: int,
     batch_rows: int = STREAM_BATCH_ROWS,
+    check: bool = False,
 ) -> tuple[pa.Schema, Generator[tuple[Side, pa.RecordBatch], None, None]]:
     """The transitions of `sides` as Arrow batches (train before eval, each sorted by
-    mdp_id and sequence_number), and their schema. Close the iterator when done early."""
+    mdp_id and sequence_number), and their schema. Close the iterator when done early.
+    `check`: raise `pairing.BrokenCheck` at the first row breaking a value check."""
     sql = sorted_steps_sql(
         columns, DuckDialect(), sides=sides, eval_fraction=eval_fraction, seed=seed
     )
     reader = con.sql(sql).to_arrow_reader(batch_rows)
     layout = Layout.of(reader.schema, columns)
-    return layout.schema, _read_ahead(paired_batches(reader, layout), con.interrupt)
+    batches = paired_batches(reader, layout, check=check)
+    return layout.schema, _read_ahead(batches, con.interrupt, reader.close)
+
+
+@contextmanager
+def checked(con: duckdb.DuckDBPyConnection, columns: StepColumns) -> Iterator[None]:
+    """Run a stream of every step with `check=True` inside: if it fails (a row breaks a
+    check, or pairing or DuckDB fail on a bad row), the checks' SQL runs first and raises
+    their `DataError` (the count and an example, as when they ran before the sort, two
+    passes over the log that a good log no longer pays); else the failure itself (running
+    out of memory is a `ReagentLiteError`, not rechecked)."""
+    try:
+        yield
+    except (DataError, duckdb.Error, pa.ArrowException):
+        check_values(con, columns)
+        raise
+
+
+def _out_of_memory(err: Exception) -> bool:
+    return isinstance(err, duckdb.OutOfMemoryException) or "Out of Memory" in str(err)
 
 
 _END = object()
@@ -232,12 +248,16 @@ _Item = tuple[Side, pa.RecordBatch]
 
 
 def _read_ahead(
-    batches: Iterator[_Item], interrupt: Callable[[], None], depth: int = 2
+    batches: Iterator[_Item],
+    interrupt: Callable[[], None],
+    release: Callable[[], None],
+    depth: int = 2,
 ) -> Generator[_Item, None, None]:
     """`batches`, produced by a thread: DuckDB merges and converts the next batch and it is
     paired while the caller writes this one (Arrow and DuckDB release the GIL), which keeps
     the writer, the longest single-threaded part, busy. A caller that stops early (an
-    error, Ctrl-C) interrupts the query rather than wait for its sort."""
+    error, Ctrl-C) interrupts the query rather than wait for its sort. At the end the
+    query's result is `release`d, so the connection can run another query (the checks)."""
     items: queue.Queue[object] = queue.Queue(maxsize=depth)
     stop = threading.Event()
 
@@ -273,58 +293,7 @@ def _read_ahead(
         if not finished:
             interrupt()
         thread.join()
-
-
-class _TableFile:
-    """One side's Parquet file, written into a temporary name beside it, in row groups of
-    ROW_GROUP_SIZE rows (the last one fewer) whatever the sizes of the batches."""
-
-    def __init__(self, path: Path, schema: pa.Schema) -> None:
-        self.path, self.schema = path, schema
-        self.tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-        self.writer = pq.ParquetWriter(
-            self.tmp,
-            schema,
-            compression="snappy",
-            use_dictionary=_string_columns(schema),
-            write_statistics=[c for c in _STATISTICS if c in schema.names],
-        )
-        self.pending: list[pa.RecordBatch] = []
-        self.buffered = self.rows = 0
-
-    def write(self, batch: pa.RecordBatch) -> None:
-        self.pending.append(batch)
-        self.buffered += batch.num_rows
-        if self.buffered >= ROW_GROUP_SIZE:
-            self._flush(self.buffered - self.buffered % ROW_GROUP_SIZE)
-
-    def _flush(self, rows: int) -> None:
-        table = pa.Table.from_batches(self.pending, self.schema)
-        self.writer.write_table(table.slice(0, rows), row_group_size=ROW_GROUP_SIZE)
-        self.pending = table.slice(rows).to_batches()
-        self.buffered -= rows
-        self.rows += rows
-
-    def commit(self) -> None:
-        if self.buffered:
-            self._flush(self.buffered)
-        self.writer.close()
-        os.replace(self.tmp, self.path)
-
-    def discard(self) -> None:
-        self.writer.close()
-        self.tmp.unlink(missing_ok=True)
-
-
-def _string_columns(schema: pa.Schema) -> list[str]:
-    """Parquet paths of the string leaves (map keys, action names, ids): dictionary-encoded,
-    which keeps files small and lets readers decode feature ids as dictionaries; numbers
-    are not (their dictionaries fill up and are dropped, after costing the writer time)."""
-    sink = pa.BufferOutputStream()
-    pq.write_table(schema.empty_table(), sink)
-    meta = pq.ParquetFile(pa.BufferReader(sink.getvalue())).schema
-    leaves = (meta.column(i) for i in range(len(meta)))
-    return [c.path for c in leaves if c.physical_type == "BYTE_ARRAY"]
+        release()
 
 
 def build_training_table(
@@ -344,17 +313,18 @@ def build_training_table(
         con.execute("CREATE VIEW steps AS SELECT * FROM steps_arrow")
         columns = describe(con, source)
         columns.check()
-        check_values(con, columns)
-        schema, stream = stream_transitions(
-            con, columns, ("train", "eval"), eval_fraction=eval_fraction, seed=seed
-        )
         batches: dict[Side, list[pa.RecordBatch]] = {"train": [], "eval": []}
-        try:
-            with closing(stream):
-                for side, batch in stream:
-                    batches[side].append(batch)
-        except DataError as err:  # from pairing: name the input
-            raise DataError(f"{source}: {err}") from err
+        with checked(con, columns):
+            schema, stream = stream_transitions(
+                con, columns, ("train", "eval"), eval_fraction=eval_fraction, seed=seed,
+                check=True,
+            )  # fmt: skip
+            try:
+                with closing(stream):
+                    for side, batch in stream:
+                        batches[side].append(batch)
+            except DataError as err:  # from pairing: name the input
+                raise DataError(f"{source}: {err}") from err
     return (
         pa.Table.from_batches(batches["train"], schema),
         pa.Table.from_batches(batches["eval"], schema),
@@ -374,32 +344,48 @@ def write_sides(
     (atomically: a temporary file beside it, then a rename). Returns rows per side."""
     with connect(settings) as con:
         columns = open_steps(con, input_path)
-        check_values(con, columns)
-        files: dict[Side, _TableFile] = {}
-        try:
-            schema, stream = stream_transitions(
-                con, columns, list(outputs), eval_fraction=eval_fraction, seed=seed,
-                batch_rows=batch_rows,
+        every_row = set(outputs) in ({"all"}, {"train", "eval"})
+        if not every_row:  # the stream holds one side: check the whole log beforehand
+            check_values(con, columns)
+        with checked(con, columns):
+            return _write(
+                input_path, outputs,
+                lambda: stream_transitions(
+                    con, columns, list(outputs), eval_fraction=eval_fraction, seed=seed,
+                    batch_rows=batch_rows, check=every_row,
+                ),
             )  # fmt: skip
-            for side, path in outputs.items():
-                path.parent.mkdir(parents=True, exist_ok=True)
-                files[side] = _TableFile(path, schema)
-            with closing(stream):
-                for side, batch in stream:
-                    files[side].write(batch)
-            for table_file in files.values():
-                table_file.commit()
-        except DataError as err:  # from pairing: name the input
-            raise DataError(f"{input_path}: {err}") from err
-        except (duckdb.Error, pa.ArrowException) as err:
-            if isinstance(err, duckdb.OutOfMemoryException) or "Out of Memory" in str(err):
-                raise ReagentLiteError(
-                    f"{input_path}: DuckDB ran out of memory ({_first_line(err)}); raise "
-                    "--memory-limit or point --temp-dir at a disk with more free space"
-                ) from err
-            raise DataError(f"{input_path}: {_first_line(err)}") from err
-        finally:
-            for table_file in files.values():
-                if table_file.tmp.exists():
-                    table_file.discard()
+
+
+def _write(
+    input_path: str | os.PathLike[str],
+    outputs: dict[Side, Path],
+    transitions: Callable[[], tuple[pa.Schema, Generator[_Item, None, None]]],
+) -> dict[Side, int]:
+    """Write each side's batches of the stream `transitions()` starts; on any failure, no
+    file (nor its temporary)."""
+    files: dict[Side, TableFile] = {}
+    try:
+        schema, stream = transitions()
+        for side, path in outputs.items():
+            path.parent.mkdir(parents=True, exist_ok=True)
+            files[side] = TableFile(path, schema)
+        with closing(stream):
+            for side, batch in stream:
+                files[side].write(batch)
+        for table_file in files.values():
+            table_file.commit()
+    except DataError as err:  # from pairing: name the input
+        raise DataError(f"{input_path}: {err}") from err
+    except (duckdb.Error, pa.ArrowException) as err:
+        if _out_of_memory(err):
+            raise ReagentLiteError(
+                f"{input_path}: DuckDB ran out of memory ({_first_line(err)}); raise "
+                "--memory-limit or point --temp-dir at a disk with more free space"
+            ) from err
+        raise DataError(f"{input_path}: {_first_line(err)}") from err
+    finally:
+        for table_file in files.values():
+            if table_file.tmp.exists():
+                table_file.discard()
     return {side: table_file.rows for side, table_file in files.items()}

@@ -9,6 +9,12 @@ So each next_* column is its source column shifted up by one row, with the termi
 of `query.terminal` where the next row starts another episode (or side, or there is none),
 and `time_diff` is the difference of neighbouring sequence numbers, else 1: the same
 values, row for row, as the SQL (tests compare the two on logs spanning many batches).
+
+The stream also runs the value checks of `checks_sql` and `duplicates_sql` (nulls, the
+propensity range, a repeated (mdp_id, sequence_number), which in this order is two
+neighbouring rows with a gap of 0) on each batch it already holds, instead of two more
+passes over the log. The first row breaking one raises `BrokenCheck`; the engine then
+runs the checks' SQL for the message every engine gives (the count and an example row).
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ import pyarrow.compute as pc
 from reagent_lite.errors import DataError
 from reagent_lite.timeline.query import (
     EVAL_FLAG,
+    NOT_NULL,
     Side,
     StepColumns,
     Terminal,
@@ -30,6 +37,11 @@ from reagent_lite.timeline.query import (
     pairs,
     terminal,
 )
+
+
+class BrokenCheck(DataError):
+    """A row of the stream breaks a rule of `checks_sql` or `duplicates_sql`: the message
+    names the column and the first such row of the stream (no count: the stream stops)."""
 
 
 @dataclass(frozen=True)
@@ -54,18 +66,49 @@ class Layout:
 
 
 def paired_batches(
-    batches: Iterable[pa.RecordBatch], layout: Layout
+    batches: Iterable[pa.RecordBatch], layout: Layout, *, check: bool = False
 ) -> Generator[tuple[Side, pa.RecordBatch], None, None]:
-    """Transition batches, each with its side, in the stream's order."""
+    """Transition batches, each with its side, in the stream's order. `check`: raise
+    `BrokenCheck` at the first row breaking a value check (the stream must hold every row
+    of the log: sides `all`, or train and eval)."""
     pending: tuple[Side, pa.RecordBatch] | None = None
     for batch in batches:
+        if check:
+            _check_values(batch)
         for side, part in _sides(batch, layout.split):
             if pending is not None:
                 look = part if side == pending[0] else None
-                yield pending[0], _pair(pending[1], look, layout)
+                yield pending[0], _pair(pending[1], look, layout, check)
             pending = (side, part)
     if pending is not None:
-        yield pending[0], _pair(pending[1], None, layout)
+        yield pending[0], _pair(pending[1], None, layout, check)
+
+
+def _check_values(batch: pa.RecordBatch) -> None:
+    """The rules of `checks_sql` on one batch: no nulls where a value is needed, and a
+    propensity in (0, 1] (a NaN is outside)."""
+    for name in NOT_NULL:
+        column = batch.column(name)
+        if column.null_count:
+            row = pc.index(column.is_null(), True).as_py()
+            raise BrokenCheck(
+                f"column '{name}': rows are null (expected values); e.g. {_example(batch, row)}"
+            )
+    prop = pc.cast(batch.column("action_probability"), pa.float64())
+    inside = pc.and_(pc.greater(prop, 0.0), pc.less_equal(prop, 1.0))
+    if not pc.all(inside).as_py():
+        row = pc.index(inside, False).as_py()
+        raise BrokenCheck(
+            "column 'action_probability': rows outside (0, 1] (a logging propensity must be "
+            f"positive and at most 1); e.g. {_example(batch, row)}, value={prop[row].as_py()}"
+        )
+
+
+def _example(batch: pa.RecordBatch, row: int) -> str:
+    """Row `row` named as in the checks' messages (`query.ROW_EXAMPLE`)."""
+    key = [batch.column(c)[row].as_py() for c in ("mdp_id", "sequence_number")]
+    mdp_id, seq = ("null" if v is None else v for v in key)
+    return f"mdp_id={mdp_id}, sequence_number={seq}"
 
 
 def _sides(batch: pa.RecordBatch, split: bool) -> Iterator[tuple[Side, pa.RecordBatch]]:
@@ -83,8 +126,11 @@ def _sides(batch: pa.RecordBatch, split: bool) -> Iterator[tuple[Side, pa.Record
         yield "eval", batch.slice(cut)
 
 
-def _pair(batch: pa.RecordBatch, look: pa.RecordBatch | None, layout: Layout) -> pa.RecordBatch:
-    """`batch`'s transitions; `look` is the stream's next part on the same side, if any."""
+def _pair(
+    batch: pa.RecordBatch, look: pa.RecordBatch | None, layout: Layout, check: bool = False
+) -> pa.RecordBatch:
+    """`batch`'s transitions; `look` is the stream's next part on the same side, if any.
+    `check`: raise `BrokenCheck` if a row and the next repeat (mdp_id, sequence_number)."""
     n = batch.num_rows
     ids = batch.column("mdp_id")
     # has_next[i]: row i + 1 (the first row of `look` for the last row) is the same episode.
@@ -120,7 +166,17 @@ def _pair(batch: pa.RecordBatch, look: pa.RecordBatch | None, layout: Layout) ->
             f"column 'sequence_number': the gap between two steps of one episode does not "
             f"fit a 64-bit integer (near mdp_id={ids[0]}) ({err})"
         ) from err
-    columns["time_diff"] = pc.if_else(pa.array(has_next), gaps, pa.scalar(1, pa.int64()))
+    following = pa.array(has_next)
+    if check:
+        repeated = pc.and_(following, pc.equal(gaps, 0))
+        if pc.any(repeated).as_py():
+            row = pc.index(repeated, True).as_py()
+            raise BrokenCheck(
+                "columns 'mdp_id', 'sequence_number': rows repeat the sequence number of "
+                f"another step of the same episode (expected unique pairs); e.g. "
+                f"{_example(batch, row)}"
+            )
+    columns["time_diff"] = pc.if_else(following, gaps, pa.scalar(1, pa.int64()))
     return pa.RecordBatch.from_arrays(
         [columns[f.name] for f in layout.schema], schema=layout.schema
     )

@@ -129,6 +129,7 @@ def test_bad_step_logs_exit_3_naming_file_column_and_a_row(steps, tmp_path, chan
     for w in words:
         assert w in text
     assert not (tmp_path / "t.parquet").exists()
+    assert not list(tmp_path.glob(".*tmp*"))  # nor its temporary file
     if "1 rows repeat" in words:  # the example names the repeated pair itself
         dup = steps.slice(5, 1).to_pylist()[0]
         assert f"mdp_id={dup['mdp_id']}, sequence_number={dup['sequence_number']}" in text

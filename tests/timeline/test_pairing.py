@@ -1,6 +1,7 @@
 """DuckDB's plan (one sort, then pairing neighbouring rows in Arrow) writes what the SQL of
 `transitions_sql` gives when DuckDB executes it as written: the same rows in the same
-order, of the same types, however the sorted stream is cut into batches."""
+order, of the same types, however the sorted stream is cut into batches; and the value
+checks it runs on the way give the checks' SQL's message."""
 
 from __future__ import annotations
 
@@ -12,8 +13,15 @@ import pyarrow.parquet as pq
 import pytest
 
 from reagent_lite.errors import DataError
-from reagent_lite.timeline import ROW_GROUP_SIZE, DuckSettings, build_training_table
-from reagent_lite.timeline.duck import DuckDialect, connect, describe, open_steps, write_sides
+from reagent_lite.timeline import ROW_GROUP_SIZE, DuckSettings, build_training_table, duck
+from reagent_lite.timeline.duck import (
+    DuckDialect,
+    check_values,
+    connect,
+    describe,
+    open_steps,
+    write_sides,
+)
 from reagent_lite.timeline.query import Side, transitions_sql
 from tests.timeline.conftest import write_parts
 
@@ -162,3 +170,96 @@ def test_a_caller_that_stops_early_leaves_no_thread_behind(steps, tmp_path) -> N
         assert time.monotonic() - start < 10
         assert threading.active_count() == before
         assert con.execute("SELECT count(*) FROM steps").fetchone() == (steps.num_rows,)
+
+
+def _set(table: pa.Table, name: str, row: int, value: object) -> pa.Table:
+    values = table.column(name).to_pylist()
+    values[row] = value
+    index = table.schema.get_field_index(name)
+    return table.set_column(index, name, pa.array(values, table.schema.field(name).type))
+
+
+def counted_checks(monkeypatch) -> list[object]:
+    """Count the runs of the checks' SQL (`duck.check_values`), which still run."""
+    calls: list[object] = []
+
+    def counted(con, columns) -> None:
+        calls.append(columns)
+        check_values(con, columns)
+
+    monkeypatch.setattr(duck, "check_values", counted)
+    return calls
+
+
+BAD_LOGS = {
+    "repeated pair": lambda t: pa.concat_tables([t, t.slice(5, 1)]),
+    "null sequence_number": lambda t: _set(t, "sequence_number", 9, None),
+    "null reward": lambda t: _set(t, "reward", 9, None),
+    "propensity above 1": lambda t: _set(t, "action_probability", 9, 1.5),
+}
+
+
+@pytest.mark.parametrize("batch_rows", [1, 7])
+@pytest.mark.parametrize("bad", sorted(BAD_LOGS))
+def test_the_stream_finds_bad_rows_and_gives_the_checks_message(
+    steps, tmp_path, monkeypatch, bad: str, batch_rows: int
+) -> None:
+    # Batches of one row: a repeated pair always falls across two batches.
+    src = tmp_path / "steps.parquet"
+    pq.write_table(BAD_LOGS[bad](steps), src)
+    # The checks' SQL alone gives the message users read.
+    with connect(DuckSettings(threads=1)) as con, pytest.raises(DataError) as want:
+        check_values(con, open_steps(con, src))
+    calls = counted_checks(monkeypatch)
+    outputs: dict[Side, Path] = {
+        "train": tmp_path / "train.parquet",
+        "eval": tmp_path / "eval.parquet",
+    }
+    with pytest.raises(DataError) as got:
+        write_sides(
+            src, outputs, eval_fraction=0.3, seed=5, settings=DuckSettings(threads=2),
+            batch_rows=batch_rows,
+        )  # fmt: skip
+    assert str(got.value) == str(want.value)
+    assert len(calls) == 1  # the SQL ran once, after the stream stopped
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["steps.parquet"]  # nothing written
+
+
+def test_a_good_log_is_checked_on_the_stream_alone(steps, tmp_path, monkeypatch) -> None:
+    src = tmp_path / "steps.parquet"
+    pq.write_table(steps, src)
+    calls = counted_checks(monkeypatch)
+    settings = DuckSettings(threads=2)
+    write_sides(
+        src, {"all": tmp_path / "all.parquet"}, eval_fraction=0.0, seed=0, settings=settings
+    )
+    outputs: dict[Side, Path] = {"train": tmp_path / "t.parquet", "eval": tmp_path / "e.parquet"}
+    write_sides(src, outputs, eval_fraction=0.3, seed=0, settings=settings)
+    assert calls == []
+    # A stream of one side does not hold every row: the log is checked beforehand.
+    write_sides(
+        src, {"eval": tmp_path / "e2.parquet"}, eval_fraction=0.3, seed=0, settings=settings
+    )
+    assert len(calls) == 1
+    assert pq.read_table(tmp_path / "e2.parquet").equals(pq.read_table(tmp_path / "e.parquet"))
+
+
+def test_a_nan_propensity_is_refused(steps, tmp_path) -> None:
+    # NaN is outside (0, 1]; DuckDB's aggregate over Parquet misses it (it folds the
+    # comparison away with the file's min/max statistics, which leave NaN out), the stream
+    # does not: its own message, naming the row.
+    src = tmp_path / "steps.parquet"
+    bad = _set(steps, "action_probability", 9, float("nan"))
+    pq.write_table(bad, src)
+    row = bad.slice(9, 1).to_pylist()[0]
+    with pytest.raises(DataError) as got:
+        write_sides(
+            src, {"all": tmp_path / "all.parquet"}, eval_fraction=0.0, seed=0,
+            settings=DuckSettings(threads=2), batch_rows=7,
+        )  # fmt: skip
+    assert str(got.value) == (
+        f"{src}: column 'action_probability': rows outside (0, 1] (a logging propensity must "
+        f"be positive and at most 1); e.g. mdp_id={row['mdp_id']}, "
+        f"sequence_number={row['sequence_number']}, value=nan"
+    )
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["steps.parquet"]
