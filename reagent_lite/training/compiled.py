@@ -57,18 +57,51 @@ class Rows:
             setattr(self, name, value)
 
 
-class _Compiled:
-    """A loss function of (micro-batch, modules...) compiled once per run: the batch goes in
-    as its source columns and row index (module notes); the first call compiles, and a
-    failure there means the eager function for the rest of the run, with a warning."""
+class _CompileOnce:
+    """Runs a compiled function, the first call compiling it: a failure there (compilation
+    problems) means the eager function for the rest of the run, with a warning; `what`
+    names the function in the log."""
 
     what = "loss"
 
     def __init__(self) -> None:
-        self._compiled: Any = torch.compile(self._traced, dynamic=False)
         self.failed = ""
         self.compile_s = 0.0
         self._calls = 0
+
+    def _fell_back(self) -> None:
+        """Undo what compiling needed, once the eager function takes over."""
+
+    def _run(self, compiled: Callable[[], Any], eager: Callable[[], Any]) -> Any:
+        if self.failed:
+            return eager()
+        first = self._calls == 0
+        start = time.perf_counter()
+        try:
+            out = compiled()
+        except Exception as err:  # compilation problems: the eager function is always right
+            if not first:
+                raise
+            self.failed = f"{type(err).__name__}: {(str(err).splitlines() or [''])[0][:200]}"
+            log.warning(
+                "training.compile: %s compilation failed (%s); eager", self.what, self.failed
+            )
+            self._fell_back()
+            return eager()
+        self._calls += 1
+        if first:
+            self.compile_s = time.perf_counter() - start
+            log.info("training.compile: %s compiled in %.1f s", self.what, self.compile_s)
+        return out
+
+
+class _Compiled(_CompileOnce):
+    """A loss function of (micro-batch, modules...) compiled once per run: the batch goes in
+    as its source columns and row index (module notes)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._compiled: Any = torch.compile(self._traced, dynamic=False)
 
     def _eager(self, batch: Any, *modules: nn.Module) -> Any:
         raise NotImplementedError
@@ -81,23 +114,9 @@ class _Compiled:
 
     def _call(self, batch: LazyBatch, *modules: nn.Module) -> Any:
         columns, idx = batch.parts()
-        first = self._calls == 0
-        start = time.perf_counter()
-        try:
-            out = self._compiled(columns, idx, *modules)
-        except Exception as err:  # compilation problems: the eager loss is always right
-            if not first:
-                raise
-            self.failed = f"{type(err).__name__}: {(str(err).splitlines() or [''])[0][:200]}"
-            log.warning(
-                "training.compile: %s compilation failed (%s); eager", self.what, self.failed
-            )
-            return self._eager(batch, *modules)
-        self._calls += 1
-        if first:
-            self.compile_s = time.perf_counter() - start
-            log.info("training.compile: %s compiled in %.1f s", self.what, self.compile_s)
-        return out
+        return self._run(
+            lambda: self._compiled(columns, idx, *modules), lambda: self._eager(batch, *modules)
+        )
 
 
 class CompiledLoss(_Compiled):
@@ -142,21 +161,18 @@ class CompiledCpeLoss(_Compiled):
         return out
 
 
-class CompiledApply:
+class CompiledApply(_CompileOnce):
     """A trainer's `apply_update` (the optimizer step, then a soft target update) —
     `optimizer` being the one it steps —, compiled once per run for a captured CUDA graph
-    (module notes); a compile failure on the first call means the eager update, fused Adam
-    again, for the rest of the run, with a warning. `what` names it in the log."""
+    (module notes); after a compile failure, the eager update with fused Adam again."""
 
     def __init__(
         self, optimizer: torch.optim.Optimizer, apply_update: Callable[[], None], what: str
     ) -> None:
+        super().__init__()
         self.optimizer = optimizer
         self.apply_update = apply_update
         self.what = what
-        self.failed = ""
-        self.compile_s = 0.0
-        self._calls = 0
         # Inductor fuses the multi-tensor formulation; torch's fused kernel is opaque to it.
         self._fused = [bool(g.get("fused")) for g in optimizer.param_groups]
         self._set_fused(False)
@@ -167,28 +183,11 @@ class CompiledApply:
             if was:
                 group["fused"], group["foreach"] = fused, not fused
 
+    def _fell_back(self) -> None:
+        self._set_fused(True)
+
     def __call__(self) -> None:
-        if self.failed:
-            self.apply_update()
-            return
-        first = self._calls == 0
-        start = time.perf_counter()
-        try:
-            self._compiled()
-        except Exception as err:  # compilation problems: the eager update is always right
-            if not first:
-                raise
-            self.failed = f"{type(err).__name__}: {(str(err).splitlines() or [''])[0][:200]}"
-            log.warning(
-                "training.compile: %s compilation failed (%s); eager", self.what, self.failed
-            )
-            self._set_fused(True)
-            self.apply_update()
-            return
-        self._calls += 1
-        if first:
-            self.compile_s = time.perf_counter() - start
-            log.info("training.compile: %s compiled in %.1f s", self.what, self.compile_s)
+        self._run(self._compiled, self.apply_update)
 
     def describe(self) -> str:
         if self.failed:
