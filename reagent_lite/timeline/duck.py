@@ -13,6 +13,7 @@ columns (benchmarks/RESULTS.md).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import queue
 import re
@@ -194,13 +195,21 @@ def _first_line(err: Exception) -> str:
 
 
 def check_values(con: duckdb.DuckDBPyConnection, columns: StepColumns) -> None:
-    """Nulls, propensities and repeated (mdp_id, sequence_number) pairs: one `DataError`."""
-    for sql in (checks_sql(columns), duplicates_sql()):
-        cur = con.execute(sql)
-        names = [d[0] for d in cur.description or []]
-        rows = cur.fetchall()
-        row = rows[0] if rows else ()
-        raise_for_checks(columns.source, dict(zip(names, row, strict=False)))
+    """Nulls, propensities and repeated (mdp_id, sequence_number) pairs: one `DataError`.
+
+    Without DuckDB's statistics propagation: it answers `p > 0`, `p <= 1` and even
+    `isnan(p)` from a Parquet file's min/max statistics, which leave NaN out, so a NaN
+    propensity passed (DuckDB 2.0.1, `tests/timeline/test_pairing.py`)."""
+    con.execute("SET disabled_optimizers = 'statistics_propagation'")
+    try:
+        for sql in (checks_sql(columns), duplicates_sql()):
+            cur = con.execute(sql)
+            names = [d[0] for d in cur.description or []]
+            rows = cur.fetchall()
+            row = rows[0] if rows else ()
+            raise_for_checks(columns.source, dict(zip(names, row, strict=False)))
+    finally:
+        con.execute("RESET disabled_optimizers")
 
 
 def stream_transitions(
@@ -226,16 +235,22 @@ def stream_transitions(
 
 
 @contextmanager
-def checked(con: duckdb.DuckDBPyConnection, columns: StepColumns) -> Iterator[None]:
+def checked(
+    con: duckdb.DuckDBPyConnection, columns: StepColumns, *, already: bool = False
+) -> Iterator[None]:
     """Run a stream of every step with `check=True` inside: if it fails (a row breaks a
     check, or pairing or DuckDB fail on a bad row), the checks' SQL runs first and raises
     their `DataError` (the count and an example, as when they ran before the sort, two
-    passes over the log that a good log no longer pays); else the failure itself (running
-    out of memory is a `ReagentLiteError`, not rechecked)."""
+    passes over the log that a good log no longer pays); else the failure itself — also
+    when the checks cannot run (say, DuckDB out of memory: the first error says more) or
+    ran `already` (before a one-side stream). Running out of memory while streaming is a
+    `ReagentLiteError`, not rechecked."""
     try:
         yield
     except (DataError, duckdb.Error, pa.ArrowException):
-        check_values(con, columns)
+        if not already:
+            with contextlib.suppress(duckdb.Error, pa.ArrowException):
+                check_values(con, columns)
         raise
 
 
@@ -347,7 +362,7 @@ def write_sides(
         every_row = set(outputs) in ({"all"}, {"train", "eval"})
         if not every_row:  # the stream holds one side: check the whole log beforehand
             check_values(con, columns)
-        with checked(con, columns):
+        with checked(con, columns, already=not every_row):
             return _write(
                 input_path, outputs,
                 lambda: stream_transitions(
@@ -373,8 +388,11 @@ def _write(
         with closing(stream):
             for side, batch in stream:
                 files[side].write(batch)
+        # Both files complete before either takes its name: a failure leaves neither.
         for table_file in files.values():
-            table_file.commit()
+            table_file.finish()
+        for table_file in files.values():
+            table_file.publish()
     except DataError as err:  # from pairing: name the input
         raise DataError(f"{input_path}: {err}") from err
     except (duckdb.Error, pa.ArrowException) as err:

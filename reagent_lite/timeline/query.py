@@ -148,6 +148,7 @@ def checks_sql(columns: StepColumns, table: str = "steps") -> str:
     example = ROW_EXAMPLE
     prop = columns.propensity()
     rules = {f"null_{c}": f"{c if c != 'action_probability' else prop} IS NULL" for c in NOT_NULL}
+    # NaN is outside (0, 1] in every engine: Spark and DuckDB order NaN above all numbers.
     rules["bad_propensity"] = f"NOT ({prop} > 0 AND {prop} <= 1)"
     parts = []
     for name, cond in rules.items():

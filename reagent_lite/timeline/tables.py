@@ -51,10 +51,14 @@ class TableFile:
         self.buffered -= rows
         self.rows += rows
 
-    def commit(self) -> None:
+    def finish(self) -> None:
+        """The last rows written and the file closed, still under its temporary name."""
         if self.buffered:
             self._flush(self.buffered)
         self.writer.close()
+
+    def publish(self) -> None:
+        """The finished file takes its name (a rename: readers see all of it or none)."""
         os.replace(self.tmp, self.path)
 
     def discard(self) -> None:

@@ -72,6 +72,13 @@ class _CompileOnce:
     def _fell_back(self) -> None:
         """Undo what compiling needed, once the eager function takes over."""
 
+    def give_up(self, why: str) -> None:
+        """The eager function from now on, `why` being the reason to show (e.g. another
+        rank's compilation failed: every rank must run the same arithmetic)."""
+        if not self.failed:
+            self.failed = why
+            self._fell_back()
+
     def _run(self, compiled: Callable[[], Any], eager: Callable[[], Any]) -> Any:
         if self.failed:
             return eager()
@@ -82,10 +89,9 @@ class _CompileOnce:
         except Exception as err:  # compilation problems: the eager function is always right
             if not first:
                 raise
-            self.failed = f"{type(err).__name__}: {(str(err).splitlines() or [''])[0][:200]}"
-            log.warning(
-                "training.compile: %s compilation failed (%s); eager", self.what, self.failed
-            )
+            first_line = (str(err).splitlines() or [""])[0][:200]
+            self.failed = f"compile failed: {type(err).__name__}: {first_line}"
+            log.warning("training.compile: %s: %s; eager", self.what, self.failed)
             self._fell_back()
             return eager()
         self._calls += 1
@@ -137,7 +143,7 @@ class CompiledLoss(_Compiled):
 
     def describe(self) -> str:
         if self.failed:
-            return f"compile failed ({self.failed}), eager loss"
+            return f"{self.failed}, eager loss"
         return "loss compiled by Inductor"
 
 
@@ -191,5 +197,5 @@ class CompiledApply(_CompileOnce):
 
     def describe(self) -> str:
         if self.failed:
-            return f"{self.what} eager (compile failed: {self.failed})"
+            return f"{self.what} eager ({self.failed})"
         return f"{self.what} compiled"

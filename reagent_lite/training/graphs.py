@@ -116,6 +116,7 @@ class GraphStep:
                     self._static.rewind()
                     self._body()
             torch.cuda.current_stream(device).wait_stream(side)
+            self._agree_on_compiled_updates()
             for opt in optimizers:
                 opt.zero_grad(set_to_none=True)
             torch.cuda.synchronize(device)
@@ -141,11 +142,27 @@ class GraphStep:
         if failure:
             self._static = None
             self.source.release_static()
+            for update in self.step.compiled_updates():  # compiled only for a graph
+                update.give_up("the step is not captured")
             return failure
         assert self._static is not None
         self._static.rewind()
         self.graph = graph
         return ""
+
+    def _agree_on_compiled_updates(self) -> None:
+        """Over several ranks, all compiled optimizer steps or none: a rank whose
+        compilation failed runs torch's fused Adam, not bit for bit the compiled one, and
+        the replicas would drift apart. The compiled losses need no agreement: their
+        gradients are averaged before any rank uses them."""
+        updates = self.step.compiled_updates()
+        if (
+            self.ranks > 1
+            and updates
+            and not self.ctx.all_agree(not any(u.failed for u in updates))
+        ):
+            for update in updates:
+                update.give_up("compile failed on another rank")
 
     def _warmup_failed(self, failure: str) -> TrainingError:
         """Before capture, the ranks run eager steps whose gradient all-reduces execute: a

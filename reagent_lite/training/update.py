@@ -107,6 +107,10 @@ class Update:
             cpe_apply=self.cpe_apply,
         )
 
+    def compiled_updates(self) -> list[CompiledApply]:
+        """The compiled optimizer steps (`training.compile` under a graph), if any."""
+        return [a for a in (self.apply, self.cpe_apply if self.cpe else None) if a is not None]
+
     def modules(self) -> list[nn.Module]:
         """Every module the step changes."""
         return self.trainer.modules() + (self.cpe.modules() if self.cpe is not None else [])

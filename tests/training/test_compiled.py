@@ -6,6 +6,7 @@ torch's fused Adam again."""
 from __future__ import annotations
 
 import copy
+from pathlib import Path
 
 import pytest
 import torch
@@ -66,3 +67,63 @@ def test_a_compile_failure_falls_back_to_the_fused_eager_update(
     _train(eager, None)
     for a, b in zip(_weights(eager), _weights(other), strict=True):
         assert torch.equal(a, b)
+
+
+def test_give_up_means_the_fused_eager_update_from_then_on() -> None:
+    eager, other = _pair()
+    apply = CompiledApply(other.optimizer, other.apply_update, "optimizer step")
+    apply.give_up("the step is not captured")
+    assert other.optimizer.param_groups[0]["fused"]
+    assert apply.describe() == "optimizer step eager (the step is not captured)"
+    _train(other, apply)
+    _train(eager, None)
+    assert apply.compile_s == 0.0  # never compiled
+    for a, b in zip(_weights(eager), _weights(other), strict=True):
+        assert torch.equal(a, b)
+
+
+def _agree_worker(rank: int, init: str, out: str) -> None:
+    import torch.distributed as dist
+
+    from reagent_lite.data.sampler import EpochSampler
+    from reagent_lite.distributed.context import DistContext
+    from reagent_lite.training.graphs import GraphStep
+    from reagent_lite.training.sources import ResidentRows
+    from reagent_lite.training.update import Update
+
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=2)
+    try:
+        ctx = DistContext(
+            rank=rank, world_size=2, local_rank=rank, node_index=0, procs_per_node=2,
+            device=torch.device("cpu"), backend="gloo",
+        )  # fmt: skip
+        trainer = _pair()[0]
+        apply = CompiledApply(trainer.optimizer, trainer.apply_update, "optimizer step")
+        if rank == 1:  # this rank's compilation "failed"
+            apply.give_up("compile failed: simulated")
+        update = Update(trainer, None, torch.zeros(()), apply=apply)
+        source = ResidentRows(
+            {"state": torch.zeros(8, 4)}, None, EpochSampler(8, 4, 2, seed=0), 1, 2, 4
+        )
+        GraphStep(update, source, ctx)._agree_on_compiled_updates()
+        fused = bool(trainer.optimizer.param_groups[0]["fused"])
+        torch.save((apply.failed, fused), f"{out}/rank{rank}.pt")
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
+
+
+def test_ranks_agree_to_run_the_eager_update_when_one_rank_failed_to_compile(
+    tmp_path: Path,
+) -> None:
+    """Over several ranks the optimizer arithmetic must be the same on all: one rank's
+    compile failure turns every rank's update eager (fused Adam) before capture."""
+    import torch.multiprocessing as mp
+
+    init = (tmp_path / "store").as_uri()
+    mp.start_processes(_agree_worker, args=(init, str(tmp_path)), nprocs=2, start_method="spawn")
+    got = [torch.load(tmp_path / f"rank{r}.pt") for r in range(2)]
+    assert got == [
+        ("compile failed on another rank", True),
+        ("compile failed: simulated", True),
+    ]
