@@ -105,17 +105,17 @@ def test_compiled_loss_trains_what_the_eager_loss_trains(tmp_path: Path) -> None
         torch.testing.assert_close(y, x, rtol=1e-5, atol=1e-6)
 
 
-def test_compile_failure_falls_back_to_eager(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_compile_failure_falls_back_to_eager(tmp_path: Path) -> None:
     """No working C++ compiler for the CPU backend: the run warns and trains eagerly."""
     import torch._inductor.config as inductor
 
-    monkeypatch.setattr(inductor.cpp, "cxx", (None, "/nonexistent/c++"))
-    torch._dynamo.reset()
     eager = _trained(_workflow(tmp_path, "dqn", "eager"))
-    wf = _workflow(tmp_path, "dqn", "broken", compile=True)
-    got = _trained(wf)
+    # The config's own `patch`: pytest's monkeypatch cannot restore a torch config entry
+    # (it leaves the entry missing, and every later compilation in the process failing).
+    with inductor.patch({"cpp.cxx": (None, "/nonexistent/c++")}):
+        torch._dynamo.reset()
+        wf = _workflow(tmp_path, "dqn", "broken", compile=True)
+        got = _trained(wf)
     torch._dynamo.reset()
     assert "compile failed" in wf.step_runner().describe()
     for x, y in zip(eager, got, strict=True):
