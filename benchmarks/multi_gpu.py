@@ -1,13 +1,16 @@
 """Multi-GPU runs of the real workflow entry points (issue 8), on one host with G ≥ 2 GPUs.
 
     python -m benchmarks.multi_gpu --out /tmp/mgpu [--batches 1024,8192] [--steps 3000] \\
-        [--epochs 3] [--eager-baseline] [--skip parametric,nodes]
+        [--epochs 3] [--eager-baseline] [--nccl-baseline] [--skip parametric,nodes] \\
+        [--counts 1,4] [--verify-every 200] [--compile --precision bf16]
 
 1. `use_all_avail_gpus: true` with 1, 2, … G visible GPUs (CUDA_VISIBLE_DEVICES): one
    process per GPU, NCCL; replicas checked every 200 steps (REAGENT_LITE_VERIFY_REPLICAS);
    per-GPU throughput from metrics.jsonl with the per-process batch held fixed, and the
    weak-scaling efficiency (per-GPU throughput at G GPUs / at 1 GPU). `--eager-baseline`
-   adds, per batch, G GPUs with `cuda_graphs: false` (the DDP wrapper's eager step).
+   adds, per batch, G GPUs with `cuda_graphs: false` (the DDP wrapper's eager step);
+   `--nccl-baseline` G GPUs with the in-graph gradient sum by NCCL instead of the NVLink
+   kernel. `--verify-every 0` turns the replica check off (it costs throughput).
 2. Two "nodes" on one host: `--node_index=0/1`, each given half of the GPUs through
    CUDA_VISIBLE_DEVICES, rendezvous in a shared directory.
 3. The parametric sample config on all GPUs.
@@ -31,6 +34,9 @@ from pathlib import Path
 from typing import Any
 
 import torch
+
+from reagent_lite.distributed.peer_sum import P2P_ENV
+from reagent_lite.training.verify import VERIFY_ENV
 
 REPO = Path(__file__).resolve().parents[1]
 SAFE_ENV = {
@@ -100,11 +106,18 @@ def _weak_scaling(
     rows = []
     for batch in [int(b) for b in args.batches.split(",")]:
         per_gpu: dict[int, float] = {}
-        runs = [(n, True) for n in range(1, gpus + 1)]
+        counts = [int(c) for c in args.counts.split(",")] if args.counts else range(1, gpus + 1)
+        runs = [(n, True, "") for n in counts]
+        if args.nccl_baseline:
+            runs.append((gpus, True, "nccl"))
         if args.eager_baseline:
-            runs.append((gpus, False))
-        for n, graphs in runs:
-            tag = f"dqn_b{batch}_g{n}" + ("" if graphs else "_eager")
+            runs.append((gpus, False, ""))
+        for n, graphs, variant in runs:
+            tag = (
+                f"dqn_b{batch}_g{n}"
+                + ("" if graphs else "_eager")
+                + (f"_{variant}" if variant else "")
+            )
             run_dir = out / tag
             cfg = _config(
                 out / f"{tag}.json",
@@ -112,6 +125,11 @@ def _weak_scaling(
                 cuda_graphs=graphs,
                 init_method=(out / f"rdzv_{tag}").as_uri(),
                 model_output_path=str(run_dir),
+                **(
+                    {"stop_check_every_steps": args.stop_check_every}
+                    if args.stop_check_every
+                    else {}
+                ),
                 training={
                     **MLP,
                     "minibatch_size": batch,
@@ -123,14 +141,19 @@ def _weak_scaling(
             visible = ",".join(str(i) for i in range(n))
             log = out / f"{tag}.log"
             cmd = [py, "-m", "workflows.dqn_workflow", "--config", str(cfg)]
-            wall = _run([(cmd, _env(visible, **VERIFY))], log, args.timeout)
+            extra = {P2P_ENV: "0"} if variant == "nccl" else {}
+            if args.verify_every:
+                extra[VERIFY_ENV] = str(args.verify_every)
+            wall = _run([(cmd, _env(visible, **extra))], log, args.timeout)
             meta = json.loads((run_dir / "model_meta.json").read_text())
             assert meta["world_size"] == n, meta["world_size"]
             total = _steady_throughput(run_dir)
             per = total / n
-            if graphs:
+            if graphs and not variant:
                 per_gpu[n] = per
-            name = f"dqn b={batch}" + ("" if graphs else " eager")
+            name = (
+                f"dqn b={batch}" + ("" if graphs else " eager") + (f" {variant}" if variant else "")
+            )
             eff = per / per_gpu[1]
             rows.append((name, n, total, per, eff, wall))
             facts = _log_facts(log)
@@ -240,6 +263,19 @@ def main() -> None:
     parser.add_argument("--epochs", type=int, default=3)
     parser.add_argument("--timeout", type=float, default=400)
     parser.add_argument("--eager-baseline", action="store_true", help="also G GPUs, eager")
+    parser.add_argument(
+        "--nccl-baseline",
+        action="store_true",
+        help=f"also G GPUs with the gradients all-reduced by NCCL ({P2P_ENV}=0)",
+    )
+    parser.add_argument(
+        "--verify-every",
+        type=int,
+        default=200,
+        help=f"{VERIFY_ENV} for the weak-scaling runs (0: no replica check)",
+    )
+    parser.add_argument("--stop-check-every", type=int, default=0, help="stop_check_every_steps")
+    parser.add_argument("--counts", default="", help="GPU counts to run, e.g. 1,4 (default 1..G)")
     parser.add_argument("--skip", default="", help="parts to skip: parametric,nodes")
     parser.add_argument("--precision", default="fp32", help="training.precision: fp32|tf32|bf16")
     parser.add_argument("--compile", action="store_true", help="training.compile: true")

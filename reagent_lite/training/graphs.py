@@ -13,8 +13,8 @@ eager and says why.
 Several processes (DDP over NCCL): DDP's reducer works on the host and cannot live in a
 graph, so the captured step is the plain step told to average the gradients itself — the
 trainers forward through their plain modules, and between backward and the optimizer step
-one flat buffer per optimizer is all-reduced by NCCL inside the graph
-(`DistContext.gradient_average`). The DDP wrapper stays for what it did at construction
+one flat buffer per optimizer is all-reduced inside the graph
+(`DistContext.gradient_average`: one NVLink kernel on one host, else NCCL). The DDP wrapper stays for what it did at construction
 (rank 0's parameters broadcast, so replicas start identical) and for the eager fallback,
 which every rank takes if capture fails on any rank (`DistContext.all_agree`); a failure
 in the eager warm-up steps, whose all-reduces run, stops the run (`_warmup_failed`). DDP
@@ -86,7 +86,9 @@ class GraphStep:
     def describe(self) -> str:
         what = "one CUDA graph per step"
         if self.ranks > 1:
-            what += f" (gradients all-reduced inside the graph over {self.ranks} ranks)"
+            how = getattr(self.step.q_sync, "describe", None)
+            by = f": {how()}" if how is not None and self.graph is not None else ""
+            what += f" (gradients all-reduced inside the graph over {self.ranks} ranks{by})"
         return what
 
     def _body(self) -> None:

@@ -55,9 +55,14 @@ def _agree_worker(rank: int, init: str, out: str) -> None:
         agreed = [ctx.all_agree(True), ctx.all_agree(rank == 0), ctx.all_agree(False)]
         ctx.heartbeat()
         t = torch.full((3,), float(rank + 1), requires_grad=True)
+        u = torch.zeros(2, requires_grad=True)
         t.grad = torch.full((3,), float(rank + 1))
-        ctx.gradient_average([t])()
-        torch.save((agreed, t.grad), f"{out}/rank{rank}.pt")
+        u.grad = torch.full((2,), 10.0 * (rank + 1))
+        average = ctx.gradient_average([t, u])
+        average()
+        # The averaged values are the gradients (views of one buffer), not copies.
+        shared = t.grad.untyped_storage().data_ptr() == u.grad.untyped_storage().data_ptr()
+        torch.save((agreed, t.grad, u.grad, shared, average.describe()), f"{out}/rank{rank}.pt")
         dist.barrier()  # both done before either tears the gloo group down
     finally:
         dist.destroy_process_group()
@@ -70,6 +75,9 @@ def test_step_collectives_over_gloo(tmp_path: Path) -> None:
     init = (tmp_path / "store").as_uri()
     mp.start_processes(_agree_worker, args=(init, str(tmp_path)), nprocs=2, start_method="spawn")
     for rank in range(2):
-        agreed, grad = torch.load(tmp_path / f"rank{rank}.pt")
+        agreed, grad, grad_u, shared, how = torch.load(tmp_path / f"rank{rank}.pt")
         assert agreed == [True, False, False]
         assert grad.tolist() == [1.5, 1.5, 1.5]
+        assert grad_u.tolist() == [15.0, 15.0]
+        assert shared
+        assert how == "gloo all-reduce"  # the NVLink route is for NCCL on one host only
