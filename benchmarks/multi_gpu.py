@@ -9,8 +9,8 @@
    per-GPU throughput from metrics.jsonl with the per-process batch held fixed, and the
    weak-scaling efficiency (per-GPU throughput at G GPUs / at 1 GPU). `--eager-baseline`
    adds, per batch, G GPUs with `cuda_graphs: false` (the DDP wrapper's eager step);
-   `--nccl-baseline` G GPUs with the in-graph gradient sum by NCCL instead of the NVLink
-   kernel. `--verify-every 0` turns the replica check off (it costs throughput).
+   `--nccl-baseline` G GPUs with the in-graph gradient sum by NCCL instead of the one-shot
+   peer-to-peer kernel. `--verify-every 0` turns the replica check off (it costs throughput).
 2. Two "nodes" on one host: `--node_index=0/1`, each given half of the GPUs through
    CUDA_VISIBLE_DEVICES, rendezvous in a shared directory.
 3. The parametric sample config on all GPUs.
@@ -154,7 +154,7 @@ def _weak_scaling(
             name = (
                 f"dqn b={batch}" + ("" if graphs else " eager") + (f" {variant}" if variant else "")
             )
-            eff = per / per_gpu[1]
+            eff = per / per_gpu[1] if 1 in per_gpu else float("nan")
             rows.append((name, n, total, per, eff, wall))
             facts = _log_facts(log)
             summary["runs"].append(

@@ -55,31 +55,37 @@ def abort_process_groups() -> None:
         dist.group.WORLD.abort()  # type: ignore[union-attr]
 
 
-def symmetric_buffer(numel: int, dtype: torch.dtype, device: torch.device) -> Tensor:
-    """A flat buffer that the ranks of one host can read from each other's GPUs, set up
-    collectively over the default group (`torch.distributed._symmetric_memory`: `empty`,
-    then `rendezvous`; every rank must call this with the same size and dtype). Raises
-    `RuntimeError` when this torch has no symmetric memory."""
+def symmetric_empty(numel: int, dtype: torch.dtype, device: torch.device) -> Tensor:
+    """A flat buffer in symmetric memory (`torch.distributed._symmetric_memory.empty`), to be
+    mapped into the peers' address spaces by `symmetric_rendezvous`. Raises `RuntimeError`
+    when this torch has no symmetric memory."""
     try:
         import torch.distributed._symmetric_memory as symm
     except ImportError as err:  # pragma: no cover - built without distributed
         raise RuntimeError(f"no symmetric memory in torch {torch.__version__}") from err
+    buf: Tensor = symm.empty(numel, dtype=dtype, device=device)
+    return buf
+
+
+def symmetric_rendezvous(buf: Tensor) -> None:
+    """Maps every rank's `symmetric_empty` buffer into every other rank's address space: a
+    collective over the default group (the same size and dtype on every rank)."""
+    import torch.distributed._symmetric_memory as symm
+
     group = dist.group.WORLD
     assert group is not None
     enable = getattr(symm, "enable_symm_mem_for_group", None)
-    if enable is not None:  # needed before torch 2.9; deprecated (a no-op) after
+    if enable is not None:  # required before torch 2.9; deprecated (still harmless) after
         import warnings
 
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", FutureWarning)
             enable(group.group_name)
-    buf = symm.empty(numel, dtype=dtype, device=device)
     symm.rendezvous(buf, group.group_name)
-    return buf
 
 
 def one_shot_sum(buf: Tensor, out: Tensor) -> Tensor:
-    """out ← the sum over the default group's ranks of their `buf` (a `symmetric_buffer`),
+    """out ← the sum over the default group's ranks of their `buf` (a symmetric buffer),
     one kernel that reads every peer's buffer over NVLink (`torch.ops.symm_mem.
     one_shot_all_reduce_out`). Every rank adds the ranks' values in rank order, so every
     rank gets the same bits. Capturable in a CUDA graph."""

@@ -7,7 +7,6 @@ collective is a no-op, so single-process code paths need no special cases.
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -16,9 +15,8 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from reagent_lite.distributed.peer_sum import PeerSum, peer_sum_blocker
-
-log = logging.getLogger("reagent_lite")
+from reagent_lite.distributed.peer_sum import PeerSum, agree_on_peer_sum
+from reagent_lite.torch_private import foreach_copy_
 
 
 @dataclass(frozen=True)
@@ -148,22 +146,28 @@ def is_collective_error(err: BaseException) -> bool:
 class GradAverage:
     """Averages the gradients of `params` over the ranks, as DDP does (divide by the world
     size, then sum): flattened into one buffer, one all-reduce, and the gradients become
-    views of the result. Called between
-    backward and the optimizer step (`QLearningTrainer.train_step(..., grad_sync=)`).
+    views of the result (copied back instead where a parameter is not contiguous or the
+    dtypes differ). Called between backward and the optimizer step
+    (`QLearningTrainer.train_step(..., grad_sync=)`).
 
-    On one host the sum is one NVLink kernel (`peer_sum.PeerSum`) where every rank can use
-    it, else NCCL's all-reduce; the first call (an eager step, before any capture) decides,
-    every rank the same way."""
+    On one host the sum is one kernel over peer links (`peer_sum.PeerSum`) where every rank
+    can use it, else NCCL's all-reduce; the first call (an eager step, before any capture)
+    decides, every rank the same way (`peer_sum.agree_on_peer_sum`)."""
 
     def __init__(self, ctx: DistContext, params: list[Tensor]):
         self.ctx = ctx
         self.params = [p for p in params if p.requires_grad]
+        # Views of one flat buffer can stand for the gradients only where they would have
+        # the gradient's own layout and dtype.
+        self._views = all(p.is_contiguous() for p in self.params) and (
+            len({p.dtype for p in self.params}) <= 1
+        )
         self._peer: PeerSum | None = None
         self.route = ""  # decided at the first call: "nccl" or "peer"
 
     def describe(self) -> str:
         if self.route == "peer":
-            return "one-shot NVLink all-reduce (symmetric memory)"
+            return "one-shot peer-to-peer all-reduce (symmetric memory)"
         return "NCCL all-reduce" if self.ctx.backend == "nccl" else f"{self.ctx.backend} all-reduce"
 
     def __call__(self) -> None:
@@ -172,7 +176,13 @@ class GradAverage:
             return
         numel = sum(g.numel() for g in grads)
         if not self.route:
-            self.route = self._choose(numel, grads[0].dtype)
+            # The same params on every rank: every rank asks, or none does.
+            self._peer = (
+                agree_on_peer_sum(self.ctx, numel, grads[0].dtype)
+                if self.ctx.is_distributed and self._views
+                else None
+            )
+            self.route = "peer" if self._peer is not None else "nccl"
         peer = self._peer
         if peer is not None and peer.input.numel() == numel:
             flat = torch.cat([g.reshape(-1) for g in grads], out=peer.input)
@@ -182,36 +192,14 @@ class GradAverage:
             flat = torch.cat([g.reshape(-1) for g in grads])
             flat.div_(self.ctx.world_size)
             self.ctx.all_reduce_sum(flat)
-        # The averaged values become the gradients themselves (views of `flat`), not a copy:
-        # every step starts from `zero_grad(set_to_none=True)`, so nothing else holds them.
-        parts = flat.split([g.numel() for g in grads])
+        parts = [
+            part.view_as(g)
+            for part, g in zip(flat.split([g.numel() for g in grads]), grads, strict=True)
+        ]
+        if not self._views:
+            foreach_copy_(grads, parts)
+            return
+        # The averaged values become the gradients themselves, not a copy: every step
+        # starts from `zero_grad(set_to_none=True)`, so nothing else holds them.
         for p, part in zip((p for p in self.params if p.grad is not None), parts, strict=True):
-            p.grad = part.view_as(p)
-
-    def _choose(self, numel: int, dtype: torch.dtype) -> str:
-        """Returns "peer" when every rank set up and verified a `PeerSum`, else "nccl"."""
-        ctx = self.ctx
-        if not ctx.is_distributed:
-            return "nccl"
-        why = peer_sum_blocker(
-            backend=ctx.backend,
-            device=ctx.device,
-            world_size=ctx.world_size,
-            procs_per_node=ctx.procs_per_node,
-            nbytes=numel * dtype.itemsize,
-        )
-        if not ctx.all_agree(not why):
-            return "nccl"  # the blocker is the same everywhere but for the env switch
-        try:
-            peer: PeerSum | None = PeerSum(numel, dtype, ctx.device)
-        except Exception as err:  # no P2P between these GPUs, an old driver: NCCL works
-            why, peer = f"symmetric memory failed: {str(err).splitlines()[0][:200]}", None
-        ok = peer is not None and peer.verify(ctx.rank, ctx.world_size)
-        if peer is not None and not ok:
-            why = "the one-shot sum of a test buffer was wrong"
-        if not ctx.all_agree(ok):
-            if why:
-                log.warning("gradient all-reduce: %s on rank %d; using NCCL", why, ctx.rank)
-            return "nccl"
-        self._peer = peer
-        return "peer"
+            p.grad = part

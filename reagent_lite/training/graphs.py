@@ -14,7 +14,7 @@ Several processes (DDP over NCCL): DDP's reducer works on the host and cannot li
 graph, so the captured step is the plain step told to average the gradients itself — the
 trainers forward through their plain modules, and between backward and the optimizer step
 one flat buffer per optimizer is all-reduced inside the graph
-(`DistContext.gradient_average`: one NVLink kernel on one host, else NCCL). The DDP wrapper stays for what it did at construction
+(`DistContext.gradient_average`: one peer-to-peer kernel on one host, else NCCL). The DDP wrapper stays for what it did at construction
 (rank 0's parameters broadcast, so replicas start identical) and for the eager fallback,
 which every rank takes if capture fails on any rank (`DistContext.all_agree`); a failure
 in the eager warm-up steps, whose all-reduces run, stops the run (`_warmup_failed`). DDP

