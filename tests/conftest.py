@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -57,4 +58,19 @@ def run_module(
         text=True,
         timeout=timeout,
         check=False,
+    )
+
+
+def cpu_rank(rank: int, world_size: int = 2) -> Any:
+    """The `DistContext` of CPU rank `rank` of a one-node gloo job (multi-process tests)."""
+    from reagent_lite.distributed import DistContext
+
+    return DistContext(
+        rank=rank,
+        world_size=world_size,
+        local_rank=rank,
+        node_index=0,
+        procs_per_node=world_size,
+        device=torch.device("cpu"),
+        backend="gloo",
     )

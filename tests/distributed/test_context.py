@@ -43,15 +43,9 @@ def _agree_worker(rank: int, init: str, out: str) -> None:
 
     dist.init_process_group("gloo", init_method=init, rank=rank, world_size=2)
     try:
-        ctx = DistContext(
-            rank=rank,
-            world_size=2,
-            local_rank=rank,
-            node_index=0,
-            procs_per_node=2,
-            device=torch.device("cpu"),
-            backend="gloo",
-        )
+        from tests.conftest import cpu_rank
+
+        ctx = cpu_rank(rank)
         agreed = [ctx.all_agree(True), ctx.all_agree(rank == 0), ctx.all_agree(False)]
         ctx.heartbeat()
         t = torch.full((3,), float(rank + 1), requires_grad=True)

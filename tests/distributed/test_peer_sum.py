@@ -62,18 +62,12 @@ def _agree_worker(rank: int, init: str, out: str) -> None:
     that fail on rank 1 as each scenario says (symmetric memory needs CUDA peers)."""
     import torch.distributed as dist
 
-    from reagent_lite.distributed import DistContext, peer_sum
+    from reagent_lite.distributed import peer_sum
 
     dist.init_process_group("gloo", init_method=init, rank=rank, world_size=2)
-    ctx = DistContext(
-        rank=rank,
-        world_size=2,
-        local_rank=rank,
-        node_index=0,
-        procs_per_node=2,
-        device=torch.device("cpu"),
-        backend="gloo",
-    )
+    from tests.conftest import cpu_rank
+
+    ctx = cpu_rank(rank)
     results = {}
     try:
         for name, fails in _SCENARIOS.items():

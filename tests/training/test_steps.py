@@ -263,16 +263,9 @@ def _grad_sync_worker(rank: int, init: str, out: str) -> None:
 
     from reagent_lite.trainers.common import DQNHyperParams
     from reagent_lite.trainers.dqn import DQNTrainer
+    from tests.conftest import cpu_rank
 
-    ctx = DistContext(
-        rank=rank,
-        world_size=2,
-        local_rank=rank,
-        node_index=0,
-        procs_per_node=2,
-        device=torch.device("cpu"),
-        backend="gloo",
-    )
+    ctx = cpu_rank(rank)
 
     dist.init_process_group("gloo", init_method=init, rank=rank, world_size=2)
     try:
