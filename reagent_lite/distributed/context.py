@@ -183,15 +183,13 @@ class GradAverage:
                 else None
             )
             self.route = "peer" if self._peer is not None else "nccl"
-        peer = self._peer
-        if peer is not None and peer.input.numel() == numel:
-            flat = torch.cat([g.reshape(-1) for g in grads], out=peer.input)
-            flat.div_(self.ctx.world_size)
-            flat = peer()
-        else:  # NCCL (or a gradient set that changed size: the same on every rank)
-            flat = torch.cat([g.reshape(-1) for g in grads])
-            flat.div_(self.ctx.world_size)
-            self.ctx.all_reduce_sum(flat)
+        # NCCL where no peer sum fits (or the gradient set changed size: the same everywhere).
+        peer = self._peer if self._peer is not None and self._peer.input.numel() == numel else None
+        flat = torch.cat(
+            [g.reshape(-1) for g in grads], out=peer.input if peer is not None else None
+        )
+        flat.div_(self.ctx.world_size)
+        flat = peer() if peer is not None else self.ctx.all_reduce_sum(flat)
         parts = [
             part.view_as(g)
             for part, g in zip(flat.split([g.numel() for g in grads]), grads, strict=True)
