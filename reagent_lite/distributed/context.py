@@ -115,10 +115,13 @@ class DistContext:
         if self.is_distributed:
             dist.all_reduce(torch.zeros(1, device=self._tensor_device()))
 
-    def gradient_average(self, params: Iterable[Tensor]) -> GradAverage:
+    def gradient_average(
+        self, params: Iterable[Tensor], *, scaled_backward: bool = False
+    ) -> GradAverage:
         """What DDP's reducer does to the gradients of `params`, as one callable made of
-        tensor ops and one all-reduce, so that it can be captured in a CUDA graph."""
-        return GradAverage(self, list(params))
+        tensor ops and one all-reduce, so that it can be captured in a CUDA graph
+        (`scaled_backward`: see `GradAverage`)."""
+        return GradAverage(self, list(params), scaled_backward=scaled_backward)
 
     def barrier(self) -> None:
         """Wait until every rank gets here."""
@@ -152,10 +155,17 @@ class GradAverage:
 
     On one host the sum is one kernel over peer links (`peer_sum.PeerSum`) where every rank
     can use it, else NCCL's all-reduce; the first call (an eager step, before any capture)
-    decides, every rank the same way (`peer_sum.agree_on_peer_sum`)."""
+    decides, every rank the same way (`peer_sum.agree_on_peer_sum`).
 
-    def __init__(self, ctx: DistContext, params: list[Tensor]):
+    With `scaled_backward` the caller's backward already multiplied the gradients by
+    `loss_scale` (1 / world size, as the seed of the backward: `trainers.common.BackwardSeed`)
+    and the average is the sum alone: one kernel less per step than dividing the flat
+    buffer. For a power-of-two world size the bits are those of dividing afterwards
+    (scaling by a power of two is exact); otherwise they may differ in the last place."""
+
+    def __init__(self, ctx: DistContext, params: list[Tensor], *, scaled_backward: bool = False):
         self.ctx = ctx
+        self.scaled_backward = scaled_backward
         self.params = [p for p in params if p.requires_grad]
         # Views of one flat buffer can stand for the gradients only where they would have
         # the gradient's own layout and dtype.
@@ -164,6 +174,11 @@ class GradAverage:
         )
         self._peer: PeerSum | None = None
         self.route = ""  # decided at the first call: "nccl" or "peer"
+
+    @property
+    def loss_scale(self) -> float:
+        """What the caller's backward must multiply the gradients by (1: nothing)."""
+        return 1.0 / self.ctx.world_size if self.scaled_backward else 1.0
 
     def describe(self) -> str:
         if self.route == "peer":
@@ -188,7 +203,8 @@ class GradAverage:
         flat = torch.cat(
             [g.reshape(-1) for g in grads], out=peer.input if peer is not None else None
         )
-        flat.div_(self.ctx.world_size)
+        if not self.scaled_backward:
+            flat.div_(self.ctx.world_size)
         flat = peer() if peer is not None else self.ctx.all_reduce_sum(flat)
         parts = [
             part.view_as(g)

@@ -21,7 +21,13 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from reagent_lite.data.tensordict import TensorDict
-from reagent_lite.trainers.common import SoftUpdate, adam, load_optimizer_state, unwrap
+from reagent_lite.trainers.common import (
+    BackwardSeed,
+    SoftUpdate,
+    adam,
+    load_optimizer_state,
+    unwrap,
+)
 
 _NEG = -1e9
 
@@ -131,6 +137,7 @@ class CpeModelTrainer:
         self.use_time_diff = use_time_diff
         self.optimizer = adam(nets.parameters(), learning_rate)
         self._params = list(nets.parameters())
+        self._seed = BackwardSeed()
 
     def modules(self) -> list[nn.Module]:
         """The modules a step changes (parameters and buffers)."""
@@ -165,17 +172,19 @@ class CpeModelTrainer:
         grad_sync: Callable[[], None] | None = None,
         loss: Callable[[Any, nn.Module, nn.Module], Tensor] | None = None,
         apply: Callable[[], None] | None = None,
+        loss_scale: float = 1.0,
     ) -> Tensor:
         """One step of both models on `batch` (a `TensorDict` or the step runner's
         `LazyBatch`). With `grad_sync`, the forward goes through `plain` and `grad_sync()`
         averages the gradients between backward and step; `loss` replaces `compute_loss`
         (`training.compiled.CompiledCpeLoss`) and `apply()` replaces `apply_update`
-        (`training.compiled.CompiledApply`)."""
+        (`training.compiled.CompiledApply`); `loss_scale` multiplies the gradients, as in
+        `QLearningTrainer.train_step`."""
         for p in self._params:  # = optimizer.zero_grad(set_to_none=True), minus its wrapper
             p.grad = None
         nets = self.nets if grad_sync is None else self.plain
         value = (loss or self.compute_loss)(batch, q_net, nets)
-        value.backward()
+        value.backward(self._seed(value, loss_scale))
         if grad_sync is not None:
             grad_sync()
         (self.apply_update if apply is None else apply)()

@@ -270,6 +270,26 @@ BatchT = TypeVar("BatchT", bound=TransitionBatch)
 QLogged = tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]
 
 
+class BackwardSeed:
+    """`seed(loss, scale)`: what `loss.backward()` starts from so that every gradient comes
+    out multiplied by `scale` (None for 1: autograd's own seed). The factor is a device
+    scalar made once per (scale, dtype, device), so inside a captured step it costs no
+    kernel: a micro-batch's 1/n, and where the caller's all-reduce does not divide, the
+    1/world size of gradient averaging, ride on the backward itself."""
+
+    def __init__(self) -> None:
+        self._seeds: dict[tuple[float, torch.dtype, torch.device], torch.Tensor] = {}
+
+    def __call__(self, loss: torch.Tensor, scale: float) -> torch.Tensor | None:
+        if scale == 1.0:
+            return None
+        key = (scale, loss.dtype, loss.device)
+        seed = self._seeds.get(key)
+        if seed is None:
+            seed = self._seeds[key] = torch.full((), scale, dtype=loss.dtype, device=loss.device)
+        return seed
+
+
 class QLearningTrainer(Generic[BatchT]):
     """Shared trainer: target net, optimizer, scheduler, loss, step and soft updates.
 
@@ -300,6 +320,7 @@ class QLearningTrainer(Generic[BatchT]):
         self.scheduler = torch.optim.lr_scheduler.ExponentialLR(self.optimizer, hparams.lr_decay)
         self._soft_update = SoftUpdate(self.target, self.online)
         self._optimized = [p for g in self.optimizer.param_groups for p in g["params"]]
+        self._seed = BackwardSeed()
 
     def modules(self) -> list[nn.Module]:
         """The modules a step changes (parameters and buffers): online and target."""
@@ -369,6 +390,7 @@ class QLearningTrainer(Generic[BatchT]):
         grad_sync: Callable[[], None] | None = None,
         loss: Callable[[BatchT, nn.Module], DQNLoss] | None = None,
         apply: Callable[[], None] | None = None,
+        loss_scale: float = 1.0,
     ) -> DQNLoss:
         """One optimizer step over `batches` (the `minibatches_per_step` micro-batches).
 
@@ -380,6 +402,8 @@ class QLearningTrainer(Generic[BatchT]):
         CUDA graph, which cannot hold DDP's hooks, does. `loss(batch, net)` replaces
         `compute_loss` (a compiled version of it, `training.compiled.CompiledLoss`), and
         `apply()` replaces `apply_update` (`training.compiled.CompiledApply`).
+        `loss_scale` multiplies every gradient (`grad_sync.loss_scale`: the 1/world size of
+        an average whose all-reduce does not divide), through the backward's seed.
         """
         n = len(batches)
         if n == 0:
@@ -393,7 +417,7 @@ class QLearningTrainer(Generic[BatchT]):
             ctx = no_sync() if (no_sync is not None and i < n - 1) else contextlib.nullcontext()
             with ctx:
                 record = self.compute_loss(batch, net=net) if loss is None else loss(batch, net)
-                (record.total / n if n > 1 else record.total).backward()
+                record.total.backward(self._seed(record.total, loss_scale / n))
             records.append(record.detach())
         if grad_sync is not None:
             grad_sync()

@@ -6,20 +6,17 @@ both use it.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 import torch
 from torch import Tensor, nn
 
-from reagent_lite.distributed.context import DistContext
+from reagent_lite.distributed.context import DistContext, GradAverage
 from reagent_lite.evaluation.cpe_models import CpeModelTrainer
 from reagent_lite.trainers.common import QLearningTrainer
 from reagent_lite.training.compiled import CompiledApply, CompiledCpeLoss, CompiledLoss
 from reagent_lite.training.precision import step_precision
 from reagent_lite.training.sources import LazyBatch
-
-GradSync = Callable[[], None]
 
 
 class Update:
@@ -42,8 +39,8 @@ class Update:
         trainer: QLearningTrainer[Any],
         cpe: CpeModelTrainer | None,
         loss_sum: Tensor,
-        q_sync: GradSync | None = None,
-        cpe_sync: GradSync | None = None,
+        q_sync: GradAverage | None = None,
+        cpe_sync: GradAverage | None = None,
         *,
         precision: str = "fp32",
         loss: CompiledLoss | None = None,
@@ -66,7 +63,11 @@ class Update:
     def __call__(self, batches: list[LazyBatch]) -> None:
         with step_precision(self.precision, self.device):
             record = self.trainer.train_step(
-                batches, grad_sync=self.q_sync, loss=self.loss, apply=self.apply
+                batches,
+                grad_sync=self.q_sync,
+                loss=self.loss,
+                apply=self.apply,
+                loss_scale=_loss_scale(self.q_sync),
             )
             self.loss_sum += record.total
             if self.cpe is not None:
@@ -76,6 +77,7 @@ class Update:
                     grad_sync=self.cpe_sync,
                     loss=self.cpe_loss,
                     apply=self.cpe_apply,
+                    loss_scale=_loss_scale(self.cpe_sync),
                 )
 
     def describe(self) -> str:
@@ -92,14 +94,19 @@ class Update:
         return ", ".join(parts)
 
     def averaging_gradients(self, ctx: DistContext) -> Update:
-        """This step with the gradients averaged over `ctx`'s ranks by the step itself."""
+        """This step with the gradients averaged over `ctx`'s ranks by the step itself: the
+        backward carries the 1/world size (`GradAverage.loss_scale`), the all-reduce sums."""
         cpe = self.cpe
         return Update(
             self.trainer,
             cpe,
             self.loss_sum,
-            q_sync=ctx.gradient_average(self.trainer.online.parameters()),
-            cpe_sync=ctx.gradient_average(cpe.plain.parameters()) if cpe is not None else None,
+            q_sync=ctx.gradient_average(self.trainer.online.parameters(), scaled_backward=True),
+            cpe_sync=(
+                ctx.gradient_average(cpe.plain.parameters(), scaled_backward=True)
+                if cpe is not None
+                else None
+            ),
             precision=self.precision,
             loss=self.loss,
             cpe_loss=self.cpe_loss,
@@ -120,3 +127,7 @@ class Update:
         if self.cpe is not None:
             opts.append(self.cpe.optimizer)
         return opts
+
+
+def _loss_scale(sync: GradAverage | None) -> float:
+    return 1.0 if sync is None else sync.loss_scale

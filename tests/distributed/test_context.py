@@ -61,8 +61,15 @@ def _agree_worker(rank: int, init: str, out: str) -> None:
         w.grad = torch.full((3, 2), float(rank + 1)).t()
         ctx.gradient_average([t, w])()
         kept = w.grad.stride() == w.stride() and w.grad.eq(1.5).all().item()
+        averaged = t.grad
+        # With the 1/world size left to the backward, the buffer is summed, not divided.
+        t.grad = torch.full((3,), float(rank + 1))
+        summed = ctx.gradient_average([t], scaled_backward=True)
+        summed()
+        sums = (summed.loss_scale, t.grad.clone())
         torch.save(
-            (agreed, t.grad, u.grad, shared, average.describe(), kept), f"{out}/rank{rank}.pt"
+            (agreed, averaged, u.grad, shared, average.describe(), kept, sums),
+            f"{out}/rank{rank}.pt",
         )
         dist.barrier()  # both done before either tears the gloo group down
     finally:
@@ -76,8 +83,9 @@ def test_step_collectives_over_gloo(tmp_path: Path) -> None:
     init = (tmp_path / "store").as_uri()
     mp.start_processes(_agree_worker, args=(init, str(tmp_path)), nprocs=2, start_method="spawn")
     for rank in range(2):
-        agreed, grad, grad_u, shared, how, kept = torch.load(tmp_path / f"rank{rank}.pt")
+        agreed, grad, grad_u, shared, how, kept, sums = torch.load(tmp_path / f"rank{rank}.pt")
         assert kept
+        assert sums[0] == 0.5 and sums[1].tolist() == [3.0, 3.0, 3.0]
         assert agreed == [True, False, False]
         assert grad.tolist() == [1.5, 1.5, 1.5]
         assert grad_u.tolist() == [15.0, 15.0]

@@ -332,6 +332,27 @@ def test_grad_sync_goes_around_the_wrapper_and_runs_once_before_the_step() -> No
         torch.testing.assert_close(a, b)
 
 
+@pytest.mark.parametrize("micro", [1, 2])
+def test_loss_scale_multiplies_every_gradient_exactly(micro: int) -> None:
+    """`loss_scale` (the 1/world size a summing all-reduce leaves to the backward) comes out
+    in every gradient, bit for bit for a power of two, with or without micro-batches; the
+    recorded loss is the unscaled one."""
+    torch.manual_seed(4)
+    net = build_q_network(in_dim=3, n_actions=2, layers=[-1, 8, -1], activations=["relu", "linear"])
+    batch = random_discrete_batch(16, 3, 2)
+    batches = [batch] if micro == 1 else [slice_batch(batch, 0, 8), slice_batch(batch, 8, 16)]
+    grads, losses = [], []
+    for scale in (1.0, 0.25):
+        trainer = _trainer(copy.deepcopy(net), minibatches_per_step=micro)
+        record = trainer.train_step(batches, apply=lambda: None, loss_scale=scale)
+        grads.append([p.grad.clone() for p in trainer.online.parameters()])
+        losses.append(record.total)
+    assert torch.equal(losses[0], losses[1])
+    for plain, scaled in zip(*grads, strict=True):
+        assert plain.abs().sum() > 0
+        assert torch.equal(scaled, plain * 0.25)
+
+
 def test_eval_td_loss_uses_the_plain_module_without_gradient() -> None:
     torch.manual_seed(3)
     inner = identity_q_net()
