@@ -23,7 +23,10 @@ node was made on: made on the default stream, the captured backward would have t
 with it, which invalidates the capture. So DDP is built (`ddp_construction`) on the stream
 the step is warmed up and captured on (`capture_stream`). An eager heartbeat all-reduce
 every `_HEARTBEAT_STEPS` replays gives NCCL's watchdog something to time out on, so a dead
-peer still ends the job within `collective_timeout_s`. CPU / gloo runs never capture.
+peer still ends the job within `collective_timeout_s`. When the graph holds no NCCL
+collective (the peer-to-peer sum), the heartbeat and the stop check's all-reduce run on a
+stream of their own (`control_stream`), so they do not wait for the queued replays and the
+replays do not wait for them. CPU / gloo runs never capture.
 
 The plumbing: capture needs Adam(W) with `capturable` state on the device and, for a
 learning rate the scheduler changes between epochs, a tensor lr (`make_capturable`);
@@ -82,12 +85,15 @@ class GraphStep:
         self._static: StaticRows | None = None
         self._lr: list[Tensor] = []
         self._replays = 0
+        self.control_stream: torch.cuda.Stream | None = None  # set by a successful capture
 
     def describe(self) -> str:
         what = "one CUDA graph per step"
         if self.ranks > 1:
             how = getattr(self.step.q_sync, "describe", None)
             by = f": {how()}" if how is not None and self.graph is not None else ""
+            if self.control_stream is not None:
+                by += ", heartbeat and stop checks on a stream of their own"
             what += f" (gradients all-reduced inside the graph over {self.ranks} ranks{by})"
         return what
 
@@ -150,7 +156,18 @@ class GraphStep:
         assert self._static is not None
         self._static.rewind()
         self.graph = graph
+        if several and self._holds_no_nccl():
+            self.control_stream = torch.cuda.Stream(device)
         return ""
+
+    def _holds_no_nccl(self) -> bool:
+        """True when every gradient sum in the graph is the peer-to-peer kernel: the eager
+        control collectives (the heartbeat, the stop check's) may then run on a stream of
+        their own, without waiting for the replays queued before them. With an NCCL
+        all-reduce in the graph they stay on the replays' stream: two streams issuing on
+        one communicator could run its collectives in different orders on different ranks."""
+        syncs = [self.step.q_sync, self.step.cpe_sync if self.step.cpe is not None else None]
+        return all(s.route == "peer" for s in syncs if s is not None)
 
     def _agree_on_compiled_updates(self) -> None:
         """Over several ranks, all compiled optimizer steps or none: a rank whose
@@ -204,7 +221,14 @@ class GraphStep:
         if self.ranks > 1:
             self._replays += 1
             if self._replays % _HEARTBEAT_STEPS == 0:
-                self.ctx.heartbeat()
+                with control_collectives(self.control_stream):
+                    self.ctx.heartbeat()
+
+
+def control_collectives(stream: torch.cuda.Stream | None) -> contextlib.AbstractContextManager[Any]:
+    """Where an eager control collective is queued: `stream` (`GraphStep.control_stream`),
+    or, if None, the current stream."""
+    return torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext()
 
 
 def _summary(err: Exception) -> str:

@@ -38,7 +38,7 @@ def checkpoint_state(wf: Workflow, epoch: int) -> dict[str, Any]:
 def poll(wf: Workflow, epoch: int, done: int, runner: StepRunner) -> None:
     """After step `done` of `epoch`: a mid-epoch checkpoint when one is due, and a stop
     (`Preempted`) when any rank received SIGTERM/SIGINT (preemption.py)."""
-    due, signum = wf.stop_points.poll(done, wf.global_step)
+    due, signum = wf.stop_points.poll(done, wf.global_step, runner.control_stream)
     if not (due or signum):
         return
     ranks = wf.stop_points.ranks_state(runner)

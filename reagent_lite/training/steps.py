@@ -68,6 +68,11 @@ class StepRunner:
         return "eager" if self.graph is None else "graph"
 
     @property
+    def control_stream(self) -> torch.cuda.Stream | None:
+        """The stream for eager control collectives (`GraphStep.control_stream`), if any."""
+        return self.graph.control_stream if self.graph is not None else None
+
+    @property
     def streamed(self) -> bool:
         return isinstance(self.source, StreamedRows)
 

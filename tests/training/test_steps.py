@@ -195,6 +195,10 @@ def test_two_gpu_graph_step_equals_ddp_eager_step(tmp_path: Path, kind: str) -> 
         if graphs:  # which sum the graph holds is named (distributed/peer_sum.py)
             routes = ("one-shot peer-to-peer all-reduce", "NCCL all-reduce")
             assert any(f"2 ranks: {r}" in text for r in routes), text[-4000:]
+            # With no NCCL collective in the graph, the eager control collectives leave
+            # the replays' stream (graphs.GraphStep.control_stream); with one, they stay.
+            own = "heartbeat and stop checks on a stream of their own" in text
+            assert own == (f"2 ranks: {routes[0]}" in text), text[-4000:]
         outs[name] = tmp_path / name
     eager = torch.load(outs["eager"] / "model_state.pt")["q_net"]
     graph = torch.load(outs["graph"] / "model_state.pt")["q_net"]
@@ -285,7 +289,7 @@ def _grad_sync_worker(rank: int, init: str, out: str) -> None:
             }
         )
         finals = []
-        for explicit in (False, True):
+        for variant in ("ddp", "explicit", "scaled"):
             torch.manual_seed(rank)  # different on purpose: DDP's broadcast must fix it
             net = torch.nn.Sequential(
                 torch.nn.Linear(4, 16), torch.nn.ReLU(), torch.nn.Linear(16, 2)
@@ -294,11 +298,18 @@ def _grad_sync_worker(rank: int, init: str, out: str) -> None:
             hp = DQNHyperParams(clip_grad_norm=0.5, minibatches_per_step=2)
             trainer = DQNTrainer(ddp, hp, n_actions=2, unwrapped=net)
             # Explicit: what the captured multi-process step does.
-            sync = ctx.gradient_average(net.parameters()) if explicit else None
+            # the scaled variant (what `Update.averaging_gradients` builds) leaves the
+            # 1/world size to the backward's seed and only sums.
+            sync = (
+                ctx.gradient_average(net.parameters(), scaled_backward=variant == "scaled")
+                if variant != "ddp"
+                else None
+            )
             for _ in range(4):
                 trainer.train_step(
                     [batch.index(torch.arange(0, 32)), batch.index(torch.arange(32, 64))],
                     grad_sync=sync,
+                    loss_scale=sync.loss_scale if sync is not None else 1.0,
                 )
             finals.append(torch.cat([p.detach().reshape(-1) for p in net.parameters()]))
         torch.save(finals, f"{out}/rank{rank}.pt")
@@ -320,10 +331,12 @@ def test_explicit_grad_all_reduce_equals_ddp(tmp_path: Path) -> None:
         _grad_sync_worker, args=(init, str(tmp_path)), nprocs=2, start_method="spawn"
     )
     ranks = [torch.load(tmp_path / f"rank{r}.pt") for r in range(2)]
-    ddp, explicit = ranks[0]
+    ddp, explicit, scaled = ranks[0]
     torch.testing.assert_close(explicit, ddp, rtol=1e-6, atol=1e-7)
-    # Replicas identical on both paths.
-    assert torch.equal(ranks[1][0], ddp) and torch.equal(ranks[1][1], explicit)
+    # Over two ranks the backward's 1/2 is exact: the same bits as dividing the sum.
+    assert torch.equal(scaled, explicit)
+    # Replicas identical on every path.
+    assert all(torch.equal(a, b) for a, b in zip(ranks[0], ranks[1], strict=True))
 
 
 def test_checkpointed_optimizer_state_resumes_without_graphs() -> None:
