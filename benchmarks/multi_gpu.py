@@ -2,7 +2,7 @@
 
     python -m benchmarks.multi_gpu --out /tmp/mgpu [--batches 1024,8192] [--steps 3000] \\
         [--epochs 3] [--eager-baseline] [--nccl-baseline] [--skip parametric,nodes] \\
-        [--counts 1,4] [--verify-every 200] [--compile --precision bf16]
+        [--counts 1,4] [--independent] [--verify-every 200] [--compile --precision bf16]
 
 1. `use_all_avail_gpus: true` with 1, 2, … G visible GPUs (CUDA_VISIBLE_DEVICES): one
    process per GPU, NCCL; replicas checked every 200 steps (REAGENT_LITE_VERIFY_REPLICAS);
@@ -10,7 +10,9 @@
    weak-scaling efficiency (per-GPU throughput at G GPUs / at 1 GPU). `--eager-baseline`
    adds, per batch, G GPUs with `cuda_graphs: false` (the DDP wrapper's eager step);
    `--nccl-baseline` G GPUs with the in-graph gradient sum by NCCL instead of the one-shot
-   peer-to-peer kernel. `--verify-every 0` turns the replica check off (it costs throughput).
+   peer-to-peer kernel; `--independent` G one-GPU runs at once, one per GPU, which share
+   only the host: the per-GPU rate weak scaling would keep if the gradient sum were free.
+   `--verify-every 0` turns the replica check off (it costs throughput).
 2. Two "nodes" on one host: `--node_index=0/1`, each given half of the GPUs through
    CUDA_VISIBLE_DEVICES, rendezvous in a shared directory.
 3. The parametric sample config on all GPUs.
@@ -110,6 +112,8 @@ def _weak_scaling(
         runs = [(n, True, "") for n in counts]
         if args.nccl_baseline:
             runs.append((gpus, True, "nccl"))
+        if args.independent:
+            runs.append((gpus, True, "independent"))
         if args.eager_baseline:
             runs.append((gpus, False, ""))
         for n, graphs, variant in runs:
@@ -118,36 +122,44 @@ def _weak_scaling(
                 + ("" if graphs else "_eager")
                 + (f"_{variant}" if variant else "")
             )
-            run_dir = out / tag
-            cfg = _config(
-                out / f"{tag}.json",
-                **common,
-                cuda_graphs=graphs,
-                init_method=(out / f"rdzv_{tag}").as_uri(),
-                model_output_path=str(run_dir),
-                **(
-                    {"stop_check_every_steps": args.stop_check_every}
-                    if args.stop_check_every
-                    else {}
-                ),
-                training={
-                    **MLP,
-                    "minibatch_size": batch,
-                    "steps_per_epoch": args.steps,
-                    "precision": args.precision,
-                    "compile": args.compile,
-                },
-            )
-            visible = ",".join(str(i) for i in range(n))
-            log = out / f"{tag}.log"
-            cmd = [py, "-m", "workflows.dqn_workflow", "--config", str(cfg)]
+            # "independent": n one-GPU runs at once, one per GPU, sharing nothing but the
+            # host — the ceiling weak scaling could reach with a free gradient sum.
+            alone = variant == "independent"
+            run_dirs = [out / f"{tag}_{i}" for i in range(n)] if alone else [out / tag]
+            cmds = []
             extra = {P2P_ENV: "0"} if variant == "nccl" else {}
             if args.verify_every:
                 extra[VERIFY_ENV] = str(args.verify_every)
-            wall = _run([(cmd, _env(visible, **extra))], log, args.timeout)
-            meta = json.loads((run_dir / "model_meta.json").read_text())
-            assert meta["world_size"] == n, meta["world_size"]
-            total = _steady_throughput(run_dir)
+            for i, run_dir in enumerate(run_dirs):
+                cfg = _config(
+                    out / f"{run_dir.name}.json",
+                    **common,
+                    cuda_graphs=graphs,
+                    init_method=(out / f"rdzv_{run_dir.name}").as_uri(),
+                    model_output_path=str(run_dir),
+                    **(
+                        {"stop_check_every_steps": args.stop_check_every}
+                        if args.stop_check_every
+                        else {}
+                    ),
+                    training={
+                        **MLP,
+                        "minibatch_size": batch,
+                        "steps_per_epoch": args.steps,
+                        "precision": args.precision,
+                        "compile": args.compile,
+                    },
+                )
+                visible = str(i) if alone else ",".join(str(k) for k in range(n))
+                cmd = [py, "-m", "workflows.dqn_workflow", "--config", str(cfg)]
+                cmds.append((cmd, _env(visible, **extra)))
+            log = out / f"{tag}.log"
+            wall = _run(cmds, log, args.timeout)
+            total = 0.0
+            for run_dir in run_dirs:
+                meta = json.loads((run_dir / "model_meta.json").read_text())
+                assert meta["world_size"] == (1 if alone else n), meta["world_size"]
+                total += _steady_throughput(run_dir)
             per = total / n
             if graphs and not variant:
                 per_gpu[n] = per
@@ -273,6 +285,11 @@ def main() -> None:
         type=int,
         default=200,
         help=f"{VERIFY_ENV} for the weak-scaling runs (0: no replica check)",
+    )
+    parser.add_argument(
+        "--independent",
+        action="store_true",
+        help="also G one-GPU runs at once (one per GPU): the ceiling without communication",
     )
     parser.add_argument("--stop-check-every", type=int, default=0, help="stop_check_every_steps")
     parser.add_argument("--counts", default="", help="GPU counts to run, e.g. 1,4 (default 1..G)")
