@@ -161,7 +161,9 @@ class GradAverage:
     `loss_scale` (1 / world size, as the seed of the backward: `trainers.common.BackwardSeed`)
     and the average is the sum alone: one kernel less per step than dividing the flat
     buffer. For a power-of-two world size the bits are those of dividing afterwards
-    (scaling by a power of two is exact); otherwise they may differ in the last place."""
+    (scaling by a power of two is exact); otherwise they differ by rounding (at bfloat16's
+    precision under bf16 autocast, where the scaled gradients pass through bf16), the same
+    on every rank."""
 
     def __init__(self, ctx: DistContext, params: list[Tensor], *, scaled_backward: bool = False):
         self.ctx = ctx
@@ -174,6 +176,9 @@ class GradAverage:
         )
         self._peer: PeerSum | None = None
         self.route = ""  # decided at the first call: "nccl" or "peer"
+        # Whether any call summed through the process group's all-reduce (NCCL on GPUs):
+        # a graph captured over such a call holds an NCCL collective.
+        self.used_all_reduce = False
 
     @property
     def loss_scale(self) -> float:
@@ -205,7 +210,11 @@ class GradAverage:
         )
         if not self.scaled_backward:
             flat.div_(self.ctx.world_size)
-        flat = peer() if peer is not None else self.ctx.all_reduce_sum(flat)
+        if peer is None:
+            self.used_all_reduce |= self.ctx.is_distributed
+            flat = self.ctx.all_reduce_sum(flat)
+        else:
+            flat = peer()
         parts = [
             part.view_as(g)
             for part, g in zip(flat.split([g.numel() for g in grads]), grads, strict=True)

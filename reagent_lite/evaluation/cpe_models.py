@@ -180,6 +180,8 @@ class CpeModelTrainer:
         (`training.compiled.CompiledCpeLoss`) and `apply()` replaces `apply_update`
         (`training.compiled.CompiledApply`); `loss_scale` multiplies the gradients, as in
         `QLearningTrainer.train_step`."""
+        # Through the DDP wrapper its hooks divide: a scale as well would divide twice.
+        assert loss_scale == 1.0 or grad_sync is not None, "loss_scale without grad_sync"
         for p in self._params:  # = optimizer.zero_grad(set_to_none=True), minus its wrapper
             p.grad = None
         nets = self.nets if grad_sync is None else self.plain

@@ -408,6 +408,8 @@ class QLearningTrainer(Generic[BatchT]):
         n = len(batches)
         if n == 0:
             raise ValueError("train_step needs at least one batch")
+        # Through the DDP wrapper its hooks divide: a scale as well would divide twice.
+        assert loss_scale == 1.0 or grad_sync is not None, "loss_scale without grad_sync"
         net = self.q_net if grad_sync is None else self.online
         for p in self._optimized:  # = optimizer.zero_grad(set_to_none=True), minus its wrapper
             p.grad = None

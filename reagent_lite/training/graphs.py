@@ -25,8 +25,9 @@ the step is warmed up and captured on (`capture_stream`). An eager heartbeat all
 every `_HEARTBEAT_STEPS` replays gives NCCL's watchdog something to time out on, so a dead
 peer still ends the job within `collective_timeout_s`. When the graph holds no NCCL
 collective (the peer-to-peer sum), the heartbeat and the stop check's all-reduce run on a
-stream of their own (`control_stream`), so they do not wait for the queued replays and the
-replays do not wait for them. CPU / gloo runs never capture.
+stream of their own (`control_stream`): the replays never wait for them, the stop check
+does not wait for the replays (the heartbeat does, so that a stuck replay still times
+out). CPU / gloo runs never capture.
 
 The plumbing: capture needs Adam(W) with `capturable` state on the device and, for a
 learning rate the scheduler changes between epochs, a tensor lr (`make_capturable`);
@@ -161,13 +162,14 @@ class GraphStep:
         return ""
 
     def _holds_no_nccl(self) -> bool:
-        """True when every gradient sum in the graph is the peer-to-peer kernel: the eager
-        control collectives (the heartbeat, the stop check's) may then run on a stream of
-        their own, without waiting for the replays queued before them. With an NCCL
-        all-reduce in the graph they stay on the replays' stream: two streams issuing on
-        one communicator could run its collectives in different orders on different ranks."""
+        """True when every gradient sum the graph captured was the peer-to-peer kernel: the
+        eager control collectives (the heartbeat, the stop check's) may then run on a
+        stream of their own. With an NCCL all-reduce in the graph they stay on the
+        replays' stream: NCCL orders the eager collectives of a communicator as the host
+        issues them, but not against one replayed from a graph, which runs when the replay
+        reaches it — a side-stream collective could pass it on one rank and not on another."""
         syncs = [self.step.q_sync, self.step.cpe_sync if self.step.cpe is not None else None]
-        return all(s.route == "peer" for s in syncs if s is not None)
+        return all(not s.used_all_reduce for s in syncs if s is not None)
 
     def _agree_on_compiled_updates(self) -> None:
         """Over several ranks, all compiled optimizer steps or none: a rank whose
@@ -221,6 +223,11 @@ class GraphStep:
         if self.ranks > 1:
             self._replays += 1
             if self._replays % _HEARTBEAT_STEPS == 0:
+                if self.control_stream is not None:
+                    # After the replays queued so far (a cross-stream wait, no host sync): a
+                    # replay stuck on a peer leaves this heartbeat pending, and NCCL's
+                    # watchdog times it out, as on the replays' own stream.
+                    self.control_stream.wait_stream(torch.cuda.current_stream(self.ctx.device))
                 with control_collectives(self.control_stream):
                     self.ctx.heartbeat()
 

@@ -171,7 +171,9 @@ class LaggedMax:
     reached long ago (waiting on its event at worst keeps the host one interval ahead).
     Every rank reads the same exchange at the same check, so they still decide together,
     one interval later. Queued on a stream of its own (`stream`, when the captured step
-    holds no NCCL collective), the exchange does not wait for the steps queued before it."""
+    holds no NCCL collective), the exchange does not wait for the steps queued before it,
+    and its event no longer holds the host back: the launch queue and the logged loss's
+    all-reduce (every `log_every_steps`) do."""
 
     def __init__(self, ctx: DistContext) -> None:
         self.ctx = ctx

@@ -66,7 +66,10 @@ def _agree_worker(rank: int, init: str, out: str) -> None:
         t.grad = torch.full((3,), float(rank + 1))
         summed = ctx.gradient_average([t], scaled_backward=True)
         summed()
-        sums = (summed.loss_scale, t.grad.clone())
+        # Over a process group the sum went through its all-reduce; over one rank it did not.
+        alone = DistContext.single().gradient_average([t])
+        alone()
+        sums = (summed.loss_scale, t.grad.clone(), summed.used_all_reduce, alone.used_all_reduce)
         torch.save(
             (agreed, averaged, u.grad, shared, average.describe(), kept, sums),
             f"{out}/rank{rank}.pt",
@@ -86,6 +89,7 @@ def test_step_collectives_over_gloo(tmp_path: Path) -> None:
         agreed, grad, grad_u, shared, how, kept, sums = torch.load(tmp_path / f"rank{rank}.pt")
         assert kept
         assert sums[0] == 0.5 and sums[1].tolist() == [3.0, 3.0, 3.0]
+        assert sums[2] and not sums[3]
         assert agreed == [True, False, False]
         assert grad.tolist() == [1.5, 1.5, 1.5]
         assert grad_u.tolist() == [15.0, 15.0]
