@@ -1,11 +1,13 @@
-"""A tiny real dqn run on CPU, for the tests of what a run writes, owns and loads."""
+"""Tiny real runs on CPU: a dqn run for the tests of what a run writes, owns and loads, and
+a set-up run with the CPE models for the tests of the training step."""
 
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Any
 
-from reagent_lite.config.models import DQNWorkflowConfig
+from reagent_lite.config import config_from_dict
+from reagent_lite.config.models import DQNWorkflowConfig, ParametricDQNWorkflowConfig
 from reagent_lite.distributed.context import DistContext
 from reagent_lite.training.loop import Workflow
 from tests.data.test_ingest import ACTIONS, rows, write
@@ -41,4 +43,46 @@ def run_workflow(cfg: DQNWorkflowConfig, *, resume: bool = False, save: bool = F
             wf.save()
     finally:
         wf.cleanup()
+    return wf
+
+
+_TINY_CPE = {"layers": [-1, 32, -1], "activations": ["relu", "linear"], "minibatch_size": 64}
+
+
+def sample_data(root: Path, kind: str) -> Path:
+    """Generated sample data for `kind` (gym CartPole for dqn, the synthetic environment for
+    parametric_dqn) under `root`, made once per directory."""
+    from reagent_lite.samples.generate import generate_sample_data
+
+    data = root / f"data_{kind}"
+    if not (data / "train.parquet").exists():
+        if kind == "dqn":
+            generate_sample_data(kind="gym", episodes=40, seed=1, output_dir=data)
+        else:
+            generate_sample_data(kind="synthetic_parametric", episodes=400, seed=1, output_dir=data)
+    return data
+
+
+def tiny_cpe_workflow(
+    tmp: Path, kind: str, name: str, device: str = "cpu", **training: Any
+) -> Workflow:
+    """A set-up (not trained) run of `kind` with the CPE models on: a 32-unit network, two
+    micro-batches per step, 2 epochs of 12 steps; `training` overrides training keys."""
+    cfg: dict[str, Any] = {
+        "training_data_path": str(sample_data(tmp, kind) / "train.parquet"),
+        "model_output_path": str(tmp / name),
+        "epochs": 2,
+        "seed": 3,
+        "checkpoint_every_epochs": 0,
+        "use_gpu": device != "cpu",
+        "training": {**_TINY_CPE, "minibatches_per_step": 2, "steps_per_epoch": 12, **training},
+        "evaluation": {"calc_cpe_in_training": True},
+    }
+    cls: Any = DQNWorkflowConfig
+    if kind == "dqn":
+        cfg["actions"] = ["0", "1"]
+    else:
+        cls = ParametricDQNWorkflowConfig
+    wf = Workflow(kind, config_from_dict(cfg, cls), DistContext.single(device))
+    wf.setup()
     return wf

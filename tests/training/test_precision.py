@@ -4,50 +4,14 @@ fp32 step trains (the compiled loss up to float rounding, bf16 within its precis
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import pytest
 import torch
 
-from reagent_lite.config import DQNWorkflowConfig, ParametricDQNWorkflowConfig, config_from_dict
-from reagent_lite.distributed.context import DistContext
+from reagent_lite.config import DQNWorkflowConfig, config_from_dict
 from reagent_lite.errors import ConfigError
 from reagent_lite.training.loop import Workflow
-
-_TINY = {"layers": [-1, 32, -1], "activations": ["relu", "linear"], "minibatch_size": 64}
-
-
-def _data(root: Path, kind: str) -> Path:
-    from reagent_lite.samples.generate import generate_sample_data
-
-    data = root / f"data_{kind}"
-    if not (data / "train.parquet").exists():
-        if kind == "dqn":
-            generate_sample_data(kind="gym", episodes=40, seed=1, output_dir=data)
-        else:
-            generate_sample_data(kind="synthetic_parametric", episodes=400, seed=1, output_dir=data)
-    return data
-
-
-def _workflow(tmp: Path, kind: str, name: str, device: str = "cpu", **training: Any) -> Workflow:
-    cfg: dict[str, Any] = {
-        "training_data_path": str(_data(tmp, kind) / "train.parquet"),
-        "model_output_path": str(tmp / name),
-        "epochs": 2,
-        "seed": 3,
-        "checkpoint_every_epochs": 0,
-        "use_gpu": device != "cpu",
-        "training": {**_TINY, "minibatches_per_step": 2, "steps_per_epoch": 12, **training},
-        "evaluation": {"calc_cpe_in_training": True},
-    }
-    cls: Any = DQNWorkflowConfig
-    if kind == "dqn":
-        cfg["actions"] = ["0", "1"]
-    else:
-        cls = ParametricDQNWorkflowConfig
-    wf = Workflow(kind, config_from_dict(cfg, cls), DistContext.single(device))
-    wf.setup()
-    return wf
+from tests.training.runs import tiny_cpe_workflow as _workflow
 
 
 def _trained(wf: Workflow) -> list[torch.Tensor]:

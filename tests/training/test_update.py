@@ -10,35 +10,8 @@ from typing import Any
 import pytest
 import torch
 
-from reagent_lite.config import DQNWorkflowConfig, ParametricDQNWorkflowConfig, config_from_dict
-from reagent_lite.distributed.context import DistContext
-from reagent_lite.training.loop import Workflow
 from reagent_lite.training.update import Update
-
-
-def _workflow(tmp_path: Path, kind: str) -> Workflow:
-    from reagent_lite.samples.generate import generate_sample_data
-
-    data = tmp_path / "data"
-    if kind == "dqn":
-        generate_sample_data(kind="gym", episodes=20, seed=1, output_dir=data)
-    else:
-        generate_sample_data(kind="synthetic_parametric", episodes=200, seed=1, output_dir=data)
-    cfg: dict[str, Any] = {
-        "training_data_path": str(data / "train.parquet"),
-        "model_output_path": str(tmp_path / "out"),
-        "epochs": 1,
-        "training": {"layers": [-1, 16, -1], "activations": ["relu", "linear"]},
-        "evaluation": {"calc_cpe_in_training": True},
-    }
-    cls: Any = DQNWorkflowConfig
-    if kind == "dqn":
-        cfg["actions"] = ["0", "1"]
-    else:
-        cls = ParametricDQNWorkflowConfig
-    wf = Workflow(kind, config_from_dict(cfg, cls), DistContext.single("cpu"))
-    wf.setup()
-    return wf
+from tests.training.runs import tiny_cpe_workflow
 
 
 @pytest.mark.parametrize("kind", ["dqn", "parametric_dqn"])
@@ -48,7 +21,7 @@ def test_averaging_step_scales_both_models_gradients_by_the_world_size(
     """Over "two ranks" (a context without a process group, so the sum is this rank's
     buffer alone) the averaging step's gradients are exactly half the plain step's, the
     Q-network's and the CPE models' alike: the backward carries the 1/2, the sum adds."""
-    wf = _workflow(tmp_path, kind)
+    wf = tiny_cpe_workflow(tmp_path, kind, "run")
     assert wf.cpe is not None
     runner = wf.step_runner()
     runner.begin_epoch(0)
