@@ -130,25 +130,25 @@ def _weak_scaling(
             extra = {P2P_ENV: "0"} if variant == "nccl" else {}
             if args.verify_every:
                 extra[VERIFY_ENV] = str(args.verify_every)
+            fields: dict[str, Any] = {
+                **common,
+                "cuda_graphs": graphs,
+                "training": {
+                    **MLP,
+                    "minibatch_size": batch,
+                    "steps_per_epoch": args.steps,
+                    "precision": args.precision,
+                    "compile": args.compile,
+                },
+            }
+            if args.stop_check_every:
+                fields["stop_check_every_steps"] = args.stop_check_every
             for i, run_dir in enumerate(run_dirs):
                 cfg = _config(
                     out / f"{run_dir.name}.json",
-                    **common,
-                    cuda_graphs=graphs,
+                    **fields,
                     init_method=(out / f"rdzv_{run_dir.name}").as_uri(),
                     model_output_path=str(run_dir),
-                    **(
-                        {"stop_check_every_steps": args.stop_check_every}
-                        if args.stop_check_every
-                        else {}
-                    ),
-                    training={
-                        **MLP,
-                        "minibatch_size": batch,
-                        "steps_per_epoch": args.steps,
-                        "precision": args.precision,
-                        "compile": args.compile,
-                    },
                 )
                 visible = str(i) if alone else ",".join(str(k) for k in range(n))
                 cmd = [py, "-m", "workflows.dqn_workflow", "--config", str(cfg)]

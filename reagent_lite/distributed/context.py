@@ -174,8 +174,8 @@ class GradAverage:
         self._views = all(p.is_contiguous() for p in self.params) and (
             len({p.dtype for p in self.params}) <= 1
         )
-        self._peer: PeerSum | None = None
-        self.route = ""  # decided at the first call: "nccl" or "peer"
+        self._peer: PeerSum | None = None  # the one-kernel sum, if the first call chose it
+        self._decided = False
         # Whether any call summed through the process group's all-reduce (NCCL on GPUs):
         # a graph captured over such a call holds an NCCL collective.
         self.used_all_reduce = False
@@ -186,7 +186,7 @@ class GradAverage:
         return 1.0 / self.ctx.world_size if self.scaled_backward else 1.0
 
     def describe(self) -> str:
-        if self.route == "peer":
+        if self._peer is not None:
             return "one-shot peer-to-peer all-reduce (symmetric memory)"
         return "NCCL all-reduce" if self.ctx.backend == "nccl" else f"{self.ctx.backend} all-reduce"
 
@@ -195,14 +195,14 @@ class GradAverage:
         if not grads:
             return
         numel = sum(g.numel() for g in grads)
-        if not self.route:
+        if not self._decided:
             # The same params on every rank: every rank asks, or none does.
             self._peer = (
                 agree_on_peer_sum(self.ctx, numel, grads[0].dtype)
                 if self.ctx.is_distributed and self._views
                 else None
             )
-            self.route = "peer" if self._peer is not None else "nccl"
+            self._decided = True
         # NCCL where no peer sum fits (or the gradient set changed size: the same everywhere).
         peer = self._peer if self._peer is not None and self._peer.input.numel() == numel else None
         flat = torch.cat(

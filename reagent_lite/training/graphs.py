@@ -91,8 +91,8 @@ class GraphStep:
     def describe(self) -> str:
         what = "one CUDA graph per step"
         if self.ranks > 1:
-            how = getattr(self.step.q_sync, "describe", None)
-            by = f": {how()}" if how is not None and self.graph is not None else ""
+            sync = self.step.q_sync
+            by = f": {sync.describe()}" if sync is not None and self.graph is not None else ""
             if self.control_stream is not None:
                 by += ", heartbeat and stop checks on a stream of their own"
             what += f" (gradients all-reduced inside the graph over {self.ranks} ranks{by})"
@@ -168,7 +168,7 @@ class GraphStep:
         replays' stream: NCCL orders the eager collectives of a communicator as the host
         issues them, but not against one replayed from a graph, which runs when the replay
         reaches it — a side-stream collective could pass it on one rank and not on another."""
-        syncs = [self.step.q_sync, self.step.cpe_sync if self.step.cpe is not None else None]
+        syncs = (self.step.q_sync, self.step.cpe_sync)
         return all(not s.used_all_reduce for s in syncs if s is not None)
 
     def _agree_on_compiled_updates(self) -> None:
@@ -228,14 +228,8 @@ class GraphStep:
                     # replay stuck on a peer leaves this heartbeat pending, and NCCL's
                     # watchdog times it out, as on the replays' own stream.
                     self.control_stream.wait_stream(torch.cuda.current_stream(self.ctx.device))
-                with control_collectives(self.control_stream):
+                with torch.cuda.stream(self.control_stream):  # None: the current stream
                     self.ctx.heartbeat()
-
-
-def control_collectives(stream: torch.cuda.Stream | None) -> contextlib.AbstractContextManager[Any]:
-    """Where an eager control collective is queued: `stream` (`GraphStep.control_stream`),
-    or, if None, the current stream."""
-    return torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext()
 
 
 def _summary(err: Exception) -> str:

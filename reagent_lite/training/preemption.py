@@ -24,7 +24,6 @@ import torch
 
 from reagent_lite.distributed.context import DistContext
 from reagent_lite.errors import ReagentLiteError
-from reagent_lite.training.graphs import control_collectives
 from reagent_lite.training.steps import StepRunner
 
 SIGNALS = (signal.SIGTERM, signal.SIGINT)
@@ -190,7 +189,7 @@ class LaggedMax:
         device = self.ctx.device
         host_in = torch.tensor(values, dtype=torch.int64).pin_memory()
         host_out = torch.empty_like(host_in).pin_memory()
-        with control_collectives(stream):
+        with torch.cuda.stream(stream):  # None: the current stream
             flags = host_in.to(device, non_blocking=True)
             self.ctx.all_reduce_max_(flags)
             host_out.copy_(flags, non_blocking=True)
