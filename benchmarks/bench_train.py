@@ -457,7 +457,10 @@ def main(argv: list[str] | None = None) -> None:
             pairs += [(f"{tag}ours-graph-c{prec}", f"{tag}bare-graph"),
                       (f"{tag}bare-graph-c{prec}", f"{tag}bare-graph"),
                       (f"{tag}ours-graph-c{prec}", f"{tag}bare-graph-c{prec}")]  # fmt: skip
-    pairs += [("param:ours-graph-c", "ours-graph-c"), ("ours-graph-c+cpe", "ours-graph+cpe"),
+    pairs += [
+        (f"param:ours-graph-c{prec}", f"ours-graph-c{prec}") for prec in ("", "-tf32", "-bf16")
+    ]
+    pairs += [("ours-graph-c+cpe", "ours-graph+cpe"),
               ("ours-graph-c+cpe", "ours-graph-c")]  # fmt: skip
     for a, b in pairs:
         if a in med and b in med:

@@ -114,13 +114,30 @@ class MLP(nn.Module):
         return layer
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        for linear, tail in zip(self.linears, self.tails, strict=True):
-            x = tail(linear(x))
-        return x
+        return self._from(0, x)
 
     def forward_after_first(self, h: torch.Tensor) -> torch.Tensor:
         """Finish the forward pass from the pre-activation output `h` of the first layer."""
-        x = self.tails[0](h)
-        for linear, tail in zip(self.linears[1:], self.tails[1:], strict=True):
-            x = tail(linear(x))
+        return self._from(1, self.tails[0](h))
+
+    def _from(self, start: int, x: torch.Tensor) -> torch.Tensor:
+        last = len(self.linears) - 1
+        for i in range(start, last + 1):
+            layer = self.linear(i)
+            if i == last and layer.out_features == 1 and _compiling():
+                # One output: as a product and a sum, Inductor fuses this layer with the
+                # previous activation into one reduction kernel; a matrix-vector product
+                # would first write that activation out and read it back (the parametric
+                # step's K candidates per row make it the largest tensor of the step).
+                x = (x * layer.weight[0]).sum(-1, keepdim=True) + layer.bias
+            else:
+                x = layer(x)
+            x = self.tails[i](x)
         return x
+
+
+def _compiling() -> bool:
+    """Traced by TorchDynamo (`torch.compile`), not by the model export (non-strict, no
+    Dynamo), whose program runs eagerly, where the matrix-vector product is the faster
+    form. (`is_compiling() and not is_exporting()` is False under torch 2.11's Dynamo.)"""
+    return torch.compiler.is_dynamo_compiling()

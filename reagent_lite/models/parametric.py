@@ -4,7 +4,10 @@ One MLP scores concat(state, action). Scoring K candidates of a state must not r
 state half of the first layer K times, so the first layer's weight is split into a state
 block and an action block: W·[s; a] + b = (W_s·s + b) + W_a·a, with the state part computed
 once per row and broadcast over candidates. The parameters are those of the plain MLP
-over the concatenation, so `forward` and `forward_pairs` agree exactly.
+over the concatenation, so scoring a set and scoring its candidates one at a time agree up
+to float rounding. One action per state (the logged action, the target net's value of a
+chosen candidate) takes the concatenation instead: one matrix product forward and one for
+the weight's gradient, where the split takes two of each and joins the gradient's halves.
 """
 
 from __future__ import annotations
@@ -19,7 +22,8 @@ from reagent_lite.models.mlp import MLP, resolve_layer_sizes
 
 
 class ParametricQNetwork(nn.Module):
-    """Q(s, a) → scalar; `forward(state [B, D], actions [B, K, G]) -> [B, K]`.
+    """Q(s, a) → scalar; `forward(state [B, D], actions [B, K, G]) -> [B, K]`, or
+    `forward(state [B, D], action [B, G]) -> [B]` for one action per state.
 
     `layers` / `activations` follow the config convention (`-1` placeholders at both ends;
     the input is `state_dim + action_dim`, the output one value). Candidate masking is
@@ -43,7 +47,10 @@ class ParametricQNetwork(nn.Module):
         self.mlp = MLP(sizes, activations, dropout_ratio=dropout_ratio, layer_norm=layer_norm)
 
     def forward(self, state: torch.Tensor, actions: torch.Tensor) -> torch.Tensor:
-        """Scores of K candidate actions per state: [B, D], [B, K, G] → [B, K]."""
+        """Scores of K candidate actions per state: [B, D], [B, K, G] → [B, K]; of one
+        action per state: [B, D], [B, G] → [B]."""
+        if actions.dim() == 2:
+            return self.mlp(torch.cat([state, actions], dim=-1)).squeeze(-1)
         first = self.mlp.linear(0)
         w_state = first.weight[:, : self.state_dim]
         w_action = first.weight[:, self.state_dim :]
@@ -51,7 +58,3 @@ class ParametricQNetwork(nn.Module):
         h_a = F.linear(actions, w_action)
         h_s = F.linear(state, w_state, first.bias).unsqueeze(1)
         return self.mlp.forward_after_first(h_a + h_s).squeeze(-1)
-
-    def forward_pairs(self, state: torch.Tensor, action: torch.Tensor) -> torch.Tensor:
-        """Score of one action per state: [B, D], [B, G] → [B]."""
-        return self.mlp(torch.cat([state, action], dim=-1)).squeeze(-1)

@@ -57,9 +57,10 @@ class ParametricBatch(Protocol):
 class ParametricDQNTrainer(QLearningTrainer[ParametricBatch]):
     """(Double) DQN / SARSA with optional CQL on a `ParametricQNetwork`-like module.
 
-    The network must provide `forward(state [B, D], actions [B, K, G]) -> [B, K]`. The
-    logged action is scored through that same `forward` (as a one-candidate set, or
-    prepended to the CQL candidates) so that a DDP wrapper sees a single forward per step.
+    The network must provide `forward(state [B, D], actions [B, K, G]) -> [B, K]` and, for
+    one action per state, `forward(state [B, D], action [B, G]) -> [B]`. The logged action
+    is scored through that same `forward` (alone, or prepended to the CQL candidates) so
+    that a DDP wrapper sees a single forward per step.
     """
 
     @classmethod
@@ -75,16 +76,16 @@ class ParametricDQNTrainer(QLearningTrainer[ParametricBatch]):
         return torch.maximum(batch.terminal, no_next.to(batch.terminal.dtype))
 
     def _q_logged(self, batch: ParametricBatch, net: nn.Module) -> QLogged:
-        logged = batch.action.unsqueeze(1)
         if self.hp.cql_alpha > 0.0:
+            logged = batch.action.unsqueeze(1)
             scores = net(batch.state, torch.cat([logged, batch.possible_actions], dim=1))
             return scores[:, 0], scores[:, 1:], None
-        q = net(batch.state, logged)[:, 0]
+        q = net(batch.state, batch.action)
         return q, q.unsqueeze(1), None
 
     def _next_value(self, batch: ParametricBatch) -> torch.Tensor:
         if not self.hp.maxq_learning:
-            return self.target(batch.next_state, batch.next_action.unsqueeze(1))[:, 0]
+            return self.target(batch.next_state, batch.next_action)
         candidates = batch.possible_next_actions
         mask = batch.possible_next_actions_mask
         if not self.hp.double_q_learning:
@@ -95,5 +96,5 @@ class ParametricDQNTrainer(QLearningTrainer[ParametricBatch]):
         # forwards drop from 2K candidate rows to K + 1).
         best, any_valid = masked_argmax(self.online(batch.next_state, candidates), mask)
         pick = best.view(-1, 1, 1).expand(-1, 1, candidates.shape[-1])
-        value = self.target(batch.next_state, candidates.gather(1, pick))[:, 0]
+        value = self.target(batch.next_state, candidates.gather(1, pick)[:, 0])
         return torch.where(any_valid, value, 0.0)

@@ -70,3 +70,39 @@ def test_exports_with_dynamic_batch() -> None:
     prog = torch.export.export(net, (torch.randn(5, 4),), dynamic_shapes=({0: batch},))
     x = torch.randn(11, 4)
     torch.testing.assert_close(prog.module()(x), net(x))
+
+
+def _traced_ops(net: torch.nn.Module, *args: torch.Tensor) -> list[str]:
+    """The call targets of the graph `torch.compile` traces for `net(*args)`."""
+    graphs: list[torch.fx.GraphModule] = []
+
+    def keep(gm: torch.fx.GraphModule, _inputs: list[torch.Tensor]):  # type: ignore[no-untyped-def]
+        graphs.append(gm)
+        return gm.forward
+
+    torch._dynamo.reset()
+    torch.compile(net, backend=keep, fullgraph=True)(*args)
+    return [str(n.target) for gm in graphs for n in gm.graph.nodes if n.op.startswith("call_")]
+
+
+def test_one_output_layer_is_a_sum_when_compiled() -> None:
+    """Compiled, a one-output last layer is a product and a sum (fused with the activation
+    before it), with the value and gradients of the linear layer it replaces."""
+    torch.manual_seed(0)
+    net = MLP([5, 16, 8, 1], ["relu", "relu", "linear"])
+    x = torch.randn(9, 5)
+    ops = _traced_ops(net, x)
+    assert sum("linear" in op for op in ops) == 2 and any("sum" in op for op in ops), ops
+    compiled = torch.compile(net, backend="aot_eager", fullgraph=True)
+    torch._dynamo.reset()
+    got = compiled(x)
+    got.square().sum().backward()
+    got_grads = [p.grad.clone() for p in net.parameters() if p.grad is not None]
+    net.zero_grad()
+    want = net(x)
+    want.square().sum().backward()
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+    for a, b in zip(got_grads, (p.grad for p in net.parameters()), strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+    several = MLP([5, 16, 3], ["relu", "linear"])
+    assert sum("linear" in op for op in _traced_ops(several, x)) == 2  # more outputs: a GEMM

@@ -15,9 +15,9 @@ def test_forward_matches_per_candidate_pairs() -> None:
     state, actions = torch.randn(4, 5), torch.randn(4, 6, 3)
     q = net(state, actions)
     assert q.shape == (4, 6)
-    per_candidate = torch.stack([net.forward_pairs(state, actions[:, k]) for k in range(6)], dim=1)
+    per_candidate = torch.stack([net(state, actions[:, k]) for k in range(6)], dim=1)
     torch.testing.assert_close(q, per_candidate, rtol=1e-5, atol=1e-5)
-    assert net.forward_pairs(state, actions[:, 0]).shape == (4,)
+    assert net(state, actions[:, 0]).shape == (4,)
 
 
 def test_single_linear_layer() -> None:

@@ -98,12 +98,12 @@ def test_double_q_scores_only_the_chosen_candidate_with_the_target() -> None:
         every = trainer.target(batch.next_state, candidates)
         calls: list[int] = []
         handle = trainer.target.register_forward_hook(
-            lambda _m, args, _out: calls.append(args[1].shape[1])
+            lambda _m, args, _out: calls.append(args[1].shape)
         )
         got = trainer._next_value(batch)
         handle.remove()
     torch.testing.assert_close(got, double_q_value(online, every, mask))
-    assert calls == [1]  # one candidate per row reached the target net
+    assert calls == [(64, 3)]  # one candidate per row reached the target net
 
 
 @pytest.mark.parametrize("maxq", [True, False])
