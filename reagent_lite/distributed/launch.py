@@ -141,6 +141,11 @@ def _run_worker(
             ctx.barrier()
             failed = False
         except BaseException as exc:
+            # The traceback holds the worker's frames and, through them, its models. A DDP
+            # wrapper that outlives the group holds the group's last reference and destroys
+            # it, under the GIL, whenever it is freed — which can deadlock with a gloo worker
+            # thread waiting for the GIL. Let go of them while the group still exists.
+            traceback.clear_frames(exc.__traceback__)
             if getattr(exc, "agreed_by_all_ranks", False):
                 # Every rank stops here together (preemption): wait for rank 0's checkpoint
                 # and leave the group as a finished run does; aborting NCCL communicators

@@ -1,12 +1,14 @@
 """Plays one node of a job in the distributed tests: plan_launch + launch + a tiny worker.
 
     python -m tests.distributed._node --init_method file:///tmp/x/rdzv --num_nodes 2 \
-        --node_index 0 --out /tmp/x/out [--cpu_procs 2] [--steps 3] [--step_sleep 0.5]
+        --node_index 0 --out /tmp/x/out [--cpu_procs 2] [--steps 3] [--step_sleep 0.5] [--ddp]
 
 Every rank all-reduces `rank + 1` for `--steps` steps (plus one broadcast and one gather),
 touches ``<out>/started_rank<r>`` after its first collective and writes
 ``<out>/rank<r>.json`` at the end. Errors exit like the real CLI: message on stderr, the
-error's exit code.
+error's exit code. With `--ddp` every step also trains a DDP-wrapped layer, and the rank
+writes ``<out>/ddp_freed_rank<r>`` when the wrapper is freed: whether the process group
+still existed then.
 """
 
 from __future__ import annotations
@@ -18,9 +20,12 @@ import os
 import signal
 import sys
 import time
+import weakref
 from pathlib import Path
 
 import torch
+import torch.distributed as dist
+from torch import nn
 
 from reagent_lite.distributed import DistContext, launch, plan_launch
 from reagent_lite.errors import DataError, ReagentLiteError
@@ -34,12 +39,20 @@ def worker(
     fail_rank: int,
     fail_kind: str,
     ignore_sigterm: bool = False,
+    ddp: bool = False,
 ) -> None:
     out_dir = Path(out)
     if ignore_sigterm:  # a worker stuck where a signal cannot stop it (say, in a driver call)
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    model = None
+    if ddp:
+        model = nn.parallel.DistributedDataParallel(nn.Linear(4, 1))
+        freed = out_dir / f"ddp_freed_rank{ctx.rank}"
+        weakref.finalize(model, _note_freed, freed)
     sums = []
     for step in range(steps):
+        if model is not None:
+            model(torch.ones(2, 4)).sum().backward()  # the reducer's all-reduce on gloo
         if step == 1 and ctx.rank == fail_rank:
             if fail_kind == "data":
                 raise DataError(f"{out_dir}/part-0.parquet: column reward: 3 bad rows")
@@ -70,6 +83,10 @@ def worker(
     os.replace(tmp, out_dir / f"rank{ctx.rank}.json")
 
 
+def _note_freed(path: Path) -> None:
+    path.write_text("group alive" if dist.is_initialized() else "group destroyed")
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--init_method")
@@ -85,6 +102,7 @@ def main() -> None:
     p.add_argument("--fail_kind", choices=["data", "value"], default="data")
     p.add_argument("--run_id", default=None)
     p.add_argument("--ignore_sigterm", action="store_true")
+    p.add_argument("--ddp", action="store_true")
     p.add_argument("--preempt_grace", type=float, default=None)
     a = p.parse_args()
     logging.basicConfig(level=logging.INFO, stream=sys.stderr)
@@ -106,7 +124,7 @@ def main() -> None:
         launch(
             plan,
             worker,
-            (a.out, a.steps, a.step_sleep, a.fail_rank, a.fail_kind, a.ignore_sigterm),
+            (a.out, a.steps, a.step_sleep, a.fail_rank, a.fail_kind, a.ignore_sigterm, a.ddp),
             rendezvous_timeout_s=a.rdzv_timeout,
             collective_timeout_s=a.coll_timeout,
         )

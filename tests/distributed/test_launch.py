@@ -130,6 +130,57 @@ def test_spawned_worker_error_keeps_class_and_message(cluster: Cluster) -> None:
     assert "Traceback" not in log
 
 
+@pytest.mark.parametrize("fail_rank", [-1, 1])
+def test_ddp_wrappers_are_freed_before_the_group_is_destroyed(
+    cluster: Cluster, fail_rank: int
+) -> None:
+    """A DDP wrapper freed after its gloo group was destroyed destroys the group itself,
+    under the GIL, which can deadlock with gloo's worker thread; a failed rank's traceback
+    would keep it alive that long. Whether the run ends or a rank fails, every wrapper goes
+    while the group is still there."""
+    ((rc, log),) = cluster.run(
+        1, "--cpu_procs", "2", "--ddp", "--fail_rank", str(fail_rank), "--steps", "4"
+    )
+    assert rc == (0 if fail_rank < 0 else 3), log
+    for rank in (0, 1):
+        freed = cluster.out / f"ddp_freed_rank{rank}"
+        assert freed.exists(), log
+        assert freed.read_text() == "group alive", (rank, log)
+
+
+@pytest.mark.parametrize("fail_rank", [-1, 1])
+def test_a_real_runs_ddp_wrappers_go_before_its_group(tmp_path: Path, fail_rank: int) -> None:
+    """The same through the command: a dqn run on two CPU processes (eager DDP over gloo),
+    finished or with rank 1 failing mid-training (`ddp_watch/sitecustomize.py` watches the
+    wrappers and injects the failure)."""
+    from tests.training.runs import tiny_dqn_config
+
+    cfg = tiny_dqn_config(tmp_path, epochs=3, checkpoint_every_epochs=0)
+    path = tmp_path / "c.json"
+    path.write_text(cfg.model_copy(update={"use_all_avail_gpus": True}).model_dump_json())
+    watch = tmp_path / "watch"
+    watch.mkdir()
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(REPO / "tests/distributed/ddp_watch"), str(REPO)]),
+        "REAGENT_LITE_CPU_PROCS_PER_NODE": "2",
+        "WATCH_DDP_DIR": str(watch),
+        "WATCH_DDP_FAIL_RANK": str(fail_rank),
+    }
+    cmd = [sys.executable, "-m", "workflows.dqn_workflow", "--config", str(path)]
+    done = subprocess.run(
+        cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=HARD_TIMEOUT_S
+    )
+    if fail_rank < 0:
+        assert done.returncode == 0, done.stderr[-3000:]
+    else:
+        assert done.returncode != 0 and "injected failure" in done.stderr, done.stderr[-3000:]
+    for rank in (0, 1):
+        freed = watch / f"ddp_freed_rank{rank}"
+        assert freed.exists(), done.stderr[-3000:]
+        assert freed.read_text() == "group alive", (rank, done.stderr[-3000:])
+
+
 def test_missing_node_makes_others_fail_within_timeout(cluster: Cluster) -> None:
     leader = cluster.start(0, 3, "--rdzv_timeout", "4")
     follower = cluster.start(1, 3, "--rdzv_timeout", "3")
