@@ -2,7 +2,8 @@
 
     python -m benchmarks.multi_gpu --out /tmp/mgpu [--batches 1024,8192] [--steps 3000] \\
         [--epochs 3] [--eager-baseline] [--nccl-baseline] [--skip parametric,nodes] \\
-        [--counts 1,4] [--independent] [--verify-every 200] [--compile --precision bf16]
+        [--counts 1,4] [--independent] [--verify-every 200] [--compile --precision bf16] \
+        [--kind parametric]
 
 1. `use_all_avail_gpus: true` with 1, 2, … G visible GPUs (CUDA_VISIBLE_DEVICES): one
    process per GPU, NCCL; replicas checked every 200 steps (REAGENT_LITE_VERIFY_REPLICAS);
@@ -12,7 +13,9 @@
    `--nccl-baseline` G GPUs with the in-graph gradient sum by NCCL instead of the one-shot
    peer-to-peer kernel; `--independent` G one-GPU runs at once, one per GPU, which share
    only the host: the per-GPU rate weak scaling would keep if the gradient sum were free.
-   `--verify-every 0` turns the replica check off (it costs throughput).
+   `--verify-every 0` turns the replica check off (it costs throughput). `--kind parametric`
+   runs these with the parametric workflow on `bench_train`'s parametric data (16
+   candidates per state) instead of dqn on CartPole.
 2. Two "nodes" on one host: `--node_index=0/1`, each given half of the GPUs through
    CUDA_VISIBLE_DEVICES, rendezvous in a shared directory.
 3. The parametric sample config on all GPUs.
@@ -101,10 +104,46 @@ def _run(cmds: list[tuple[list[str], dict[str, str]]], log: Path, timeout: float
     return time.perf_counter() - start
 
 
+def scaling_fields(
+    common: dict[str, Any], args: argparse.Namespace, batch: int, graphs: bool
+) -> dict[str, Any]:
+    """The config fields of one weak-scaling run (paths and rendezvous added per run)."""
+    fields: dict[str, Any] = {
+        **common,
+        "cuda_graphs": graphs,
+        "training": {
+            **MLP,
+            "minibatch_size": batch,
+            "steps_per_epoch": args.steps,
+            "precision": args.precision,
+            "compile": args.compile,
+        },
+    }
+    if args.stop_check_every:
+        fields["stop_check_every_steps"] = args.stop_check_every
+    return fields
+
+
+def parametric_common(common: dict[str, Any], data: Path) -> dict[str, Any]:
+    """`common`'s run settings for the parametric workflow on the data in `data` (no
+    action names, no sample data, no eval table)."""
+    drop = ("actions", "sample_data", "eval_data_path")
+    return {
+        **{k: v for k, v in common.items() if k not in drop},
+        "training_data_path": str(data / "train.parquet"),
+    }
+
+
 def _weak_scaling(
     out: Path, common: dict[str, Any], args: argparse.Namespace, gpus: int, summary: dict[str, Any]
 ) -> None:
     py = sys.executable
+    kind = args.kind
+    module = "workflows.dqn_workflow" if kind == "dqn" else "workflows.parametric_dqn_workflow"
+    if kind == "parametric":  # bench_train's data: ≈110k transitions, 16 candidates per state
+        from benchmarks.bench_train import sample_data
+
+        common = parametric_common(common, sample_data("parametric", out / "data_parametric"))
     rows = []
     for batch in [int(b) for b in args.batches.split(",")]:
         per_gpu: dict[int, float] = {}
@@ -118,7 +157,7 @@ def _weak_scaling(
             runs.append((gpus, False, ""))
         for n, graphs, variant in runs:
             tag = (
-                f"dqn_b{batch}_g{n}"
+                f"{kind}_b{batch}_g{n}"
                 + ("" if graphs else "_eager")
                 + (f"_{variant}" if variant else "")
             )
@@ -130,19 +169,7 @@ def _weak_scaling(
             extra = {P2P_ENV: "0"} if variant == "nccl" else {}
             if args.verify_every:
                 extra[VERIFY_ENV] = str(args.verify_every)
-            fields: dict[str, Any] = {
-                **common,
-                "cuda_graphs": graphs,
-                "training": {
-                    **MLP,
-                    "minibatch_size": batch,
-                    "steps_per_epoch": args.steps,
-                    "precision": args.precision,
-                    "compile": args.compile,
-                },
-            }
-            if args.stop_check_every:
-                fields["stop_check_every_steps"] = args.stop_check_every
+            fields = scaling_fields(common, args, batch, graphs)
             for i, run_dir in enumerate(run_dirs):
                 cfg = _config(
                     out / f"{run_dir.name}.json",
@@ -151,7 +178,7 @@ def _weak_scaling(
                     model_output_path=str(run_dir),
                 )
                 visible = str(i) if alone else ",".join(str(k) for k in range(n))
-                cmd = [py, "-m", "workflows.dqn_workflow", "--config", str(cfg)]
+                cmd = [py, "-m", module, "--config", str(cfg)]
                 cmds.append((cmd, _env(visible, **extra)))
             log = out / f"{tag}.log"
             wall = _run(cmds, log, args.timeout)
@@ -164,7 +191,9 @@ def _weak_scaling(
             if graphs and not variant:
                 per_gpu[n] = per
             name = (
-                f"dqn b={batch}" + ("" if graphs else " eager") + (f" {variant}" if variant else "")
+                f"{kind} b={batch}"
+                + ("" if graphs else " eager")
+                + (f" {variant}" if variant else "")
             )
             eff = per / per_gpu[1] if 1 in per_gpu else float("nan")
             rows.append((name, n, total, per, eff, wall))
@@ -267,6 +296,26 @@ def _two_nodes(
     }
 
 
+def run_common(data: Path, epochs: int) -> dict[str, Any]:
+    """The dqn runs' shared config fields: CartPole sample data made in `data` by the first
+    run, double Q, no CPE, the last epoch's model."""
+    return {
+        "training_data_path": str(data / "train.parquet"),
+        "eval_data_path": str(data / "eval.parquet"),
+        "use_gpu": True,
+        "use_all_avail_gpus": True,
+        "actions": ["0", "1"],
+        "epochs": epochs,
+        "seed": 0,
+        "log_every_steps": 1_000_000,
+        "checkpoint_every_epochs": 0,
+        "evaluation": {"calc_cpe_in_training": False, "model_selection": "last"},
+        "sample_data": {"kind": "gym", "env": "CartPole-v1", "episodes": 5000, "policy": "random"},
+        "rainbow": {"double_q_learning": True},
+        "rl": {"target_update_rate": 0.005},
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
     parser.add_argument("--out", type=Path, default=Path("/tmp/multi_gpu"))
@@ -296,28 +345,16 @@ def main() -> None:
     parser.add_argument("--skip", default="", help="parts to skip: parametric,nodes")
     parser.add_argument("--precision", default="fp32", help="training.precision: fp32|tf32|bf16")
     parser.add_argument("--compile", action="store_true", help="training.compile: true")
+    parser.add_argument(
+        "--kind", default="dqn", choices=["dqn", "parametric"], help="the weak-scaling runs' kind"
+    )
     args = parser.parse_args()
     gpus = torch.cuda.device_count()
     if gpus < 2:
         raise SystemExit(f"needs at least 2 GPUs, found {gpus}")
     out = args.out
     out.mkdir(parents=True, exist_ok=True)
-    data = out / "data"
-    common: dict[str, Any] = {
-        "training_data_path": str(data / "train.parquet"),
-        "eval_data_path": str(data / "eval.parquet"),
-        "use_gpu": True,
-        "use_all_avail_gpus": True,
-        "actions": ["0", "1"],
-        "epochs": args.epochs,
-        "seed": 0,
-        "log_every_steps": 1_000_000,
-        "checkpoint_every_epochs": 0,
-        "evaluation": {"calc_cpe_in_training": False, "model_selection": "last"},
-        "sample_data": {"kind": "gym", "env": "CartPole-v1", "episodes": 5000, "policy": "random"},
-        "rainbow": {"double_q_learning": True},
-        "rl": {"target_update_rate": 0.005},
-    }
+    common = run_common(out / "data", args.epochs)
     summary: dict[str, Any] = {
         "gpus": gpus,
         "device": torch.cuda.get_device_name(0),
