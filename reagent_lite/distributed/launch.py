@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import gc
 import importlib
 import logging
 import os
@@ -145,7 +146,7 @@ def _run_worker(
             # wrapper that outlives the group holds the group's last reference and destroys
             # it, under the GIL, whenever it is freed — which can deadlock with a gloo worker
             # thread waiting for the GIL. Let go of them while the group still exists.
-            traceback.clear_frames(exc.__traceback__)
+            _release_frames(exc)
             if getattr(exc, "agreed_by_all_ranks", False):
                 # Every rank stops here together (preemption): wait for rank 0's checkpoint
                 # and leave the group as a finished run does; aborting NCCL communicators
@@ -163,9 +164,29 @@ def _run_worker(
                 raise
             raise err from exc
     finally:
+        # DDP's constructor leaves the wrapper in a reference cycle (through torch's lazy
+        # imports), so only the cycle collector frees it: now, while the group exists.
+        gc.collect()
         if dist.is_initialized():
             with contextlib.suppress(Exception):
                 _leave_group(failed)
+
+
+def _release_frames(exc: BaseException) -> None:
+    """Clears the local variables of the frames in the tracebacks of `exc`, of the errors
+    it was raised from or while handling, and of an exception group's members (frames
+    still running keep theirs)."""
+    seen: set[int] = set()
+    todo = [exc]
+    while todo:
+        err = todo.pop()
+        if id(err) in seen:
+            continue
+        seen.add(id(err))
+        traceback.clear_frames(err.__traceback__)
+        todo += [e for e in (err.__cause__, err.__context__) if e is not None]
+        if isinstance(err, BaseExceptionGroup):
+            todo += list(err.exceptions)
 
 
 def _leave_group(failed: bool) -> None:

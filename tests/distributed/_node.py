@@ -6,14 +6,16 @@
 Every rank all-reduces `rank + 1` for `--steps` steps (plus one broadcast and one gather),
 touches ``<out>/started_rank<r>`` after its first collective and writes
 ``<out>/rank<r>.json`` at the end. Errors exit like the real CLI: message on stderr, the
-error's exit code. With `--ddp` every step also trains a DDP-wrapped layer, and the rank
-writes ``<out>/ddp_freed_rank<r>`` when the wrapper is freed: whether the process group
-still existed then.
+error's exit code. With `--ddp` the ranks first train a DDP-wrapped layer for `--steps`
+steps (`--fail_rank` fails there, with a `DataError` raised from a `ValueError`), with the
+cycle collector off, and write ``<out>/ddp_freed_rank<r>`` when the wrapper is freed:
+whether the process group still existed then.
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import logging
 import os
@@ -44,15 +46,13 @@ def worker(
     out_dir = Path(out)
     if ignore_sigterm:  # a worker stuck where a signal cannot stop it (say, in a driver call)
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    model = None
     if ddp:
-        model = nn.parallel.DistributedDataParallel(nn.Linear(4, 1))
-        freed = out_dir / f"ddp_freed_rank{ctx.rank}"
-        weakref.finalize(model, _note_freed, freed)
+        try:
+            _train_ddp(ctx, out_dir, steps, fail=ctx.rank == fail_rank)
+        except ValueError as err:  # raised from: the DDP is in the cause's frames only
+            raise DataError(f"rank {ctx.rank}: the DDP steps failed") from err
     sums = []
     for step in range(steps):
-        if model is not None:
-            model(torch.ones(2, 4)).sum().backward()  # the reducer's all-reduce on gloo
         if step == 1 and ctx.rank == fail_rank:
             if fail_kind == "data":
                 raise DataError(f"{out_dir}/part-0.parquet: column reward: 3 bad rows")
@@ -83,6 +83,17 @@ def worker(
     os.replace(tmp, out_dir / f"rank{ctx.rank}.json")
 
 
+def _train_ddp(ctx: DistContext, out_dir: Path, steps: int, fail: bool) -> None:
+    """`steps` steps of a DDP-wrapped layer (its reducer all-reduces over gloo), a
+    `ValueError` at the second when `fail`; ``ddp_freed_rank<r>`` says when it went."""
+    model = nn.parallel.DistributedDataParallel(nn.Linear(4, 1))
+    weakref.finalize(model, _note_freed, out_dir / f"ddp_freed_rank{ctx.rank}")
+    for step in range(steps):
+        if step == 1 and fail:
+            raise ValueError("boom")
+        model(torch.ones(2, 4)).sum().backward()
+
+
 def _note_freed(path: Path) -> None:
     path.write_text("group alive" if dist.is_initialized() else "group destroyed")
 
@@ -106,6 +117,8 @@ def main() -> None:
     p.add_argument("--preempt_grace", type=float, default=None)
     a = p.parse_args()
     logging.basicConfig(level=logging.INFO, stream=sys.stderr)
+    if a.ddp:
+        gc.disable()  # only the launcher's own collection may free the DDP's cycle
     Path(a.out).mkdir(parents=True, exist_ok=True)
     if a.preempt_grace is not None:
         # The package exports the function `launch`, which hides the module of that name.

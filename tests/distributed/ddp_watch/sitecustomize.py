@@ -4,7 +4,8 @@ load it), and inert elsewhere (it acts only with `WATCH_DDP_DIR` set):
 
 * every DDP wrapper writes ``<WATCH_DDP_DIR>/ddp_freed_rank<r>`` when it is freed: whether
   its process group still existed then;
-* the rank `WATCH_DDP_FAIL_RANK` raises after `WATCH_DDP_FAIL_AFTER` training steps.
+* the rank `WATCH_DDP_FAIL_RANK` raises after `WATCH_DDP_FAIL_AFTER` training steps;
+* the cycle collector is off, so only an explicit collection frees DDP's reference cycle.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 import os
 
 if os.environ.get("WATCH_DDP_DIR"):
+    import gc
     import weakref
     from pathlib import Path
     from typing import Any
@@ -41,5 +43,6 @@ if os.environ.get("WATCH_DDP_DIR"):
             raise ValueError("injected failure")
         return _train_step(self, *args, **kwargs)
 
+    gc.disable()
     DistributedDataParallel.__init__ = _watched_init  # type: ignore[method-assign]
     QLearningTrainer.train_step = _failing_step  # type: ignore[method-assign]
