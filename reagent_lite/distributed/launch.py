@@ -185,8 +185,9 @@ def _release_frames(exc: BaseException) -> None:
         seen.add(id(err))
         traceback.clear_frames(err.__traceback__)
         todo += [e for e in (err.__cause__, err.__context__) if e is not None]
-        if isinstance(err, BaseExceptionGroup):
-            todo += list(err.exceptions)
+        # An exception group's members (Python 3.11+; `requires-python` allows 3.10).
+        members = getattr(err, "exceptions", ())
+        todo += [e for e in members if isinstance(e, BaseException)]
 
 
 def _leave_group(failed: bool) -> None:

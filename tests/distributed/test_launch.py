@@ -5,6 +5,8 @@ Every subprocess has a hard timeout; no fixed ports (env:// picks a free one).
 
 from __future__ import annotations
 
+import builtins
+import gc
 import json
 import os
 import signal
@@ -12,6 +14,7 @@ import socket
 import subprocess
 import sys
 import time
+import weakref
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -128,6 +131,48 @@ def test_spawned_worker_error_keeps_class_and_message(cluster: Cluster) -> None:
     assert rc == 3, log  # DataError's exit code
     assert "column reward: 3 bad rows" in log
     assert "Traceback" not in log
+
+
+def test_release_frames_reaches_causes_contexts_and_group_members() -> None:
+    """What a failed rank lets go of: the locals of every frame its error, the errors it
+    was raised from or while handling, and an exception group's members, still hold."""
+    from reagent_lite.distributed.launch import _release_frames
+
+    group_type = getattr(builtins, "ExceptionGroup", None)
+    if group_type is None:
+        pytest.skip("exception groups need Python 3.11")
+
+    class Model:
+        pass
+
+    held: list[weakref.ref[Model]] = []
+
+    def fail(kind: type[Exception]) -> None:
+        model = Model()
+        held.append(weakref.ref(model))
+        raise kind("inner")
+
+    def grouped() -> None:
+        errors = []
+        try:
+            fail(ValueError)
+        except ValueError as err:
+            errors.append(err)
+        raise group_type("group", errors)  # no context: the member is reachable only here
+
+    try:
+        try:
+            grouped()
+        except group_type:
+            try:
+                fail(KeyError)  # raised while handling: the group is its context
+            except KeyError as ctx_err:
+                raise RuntimeError("outer") from ctx_err
+    except RuntimeError as top:
+        assert all(ref() is not None for ref in held)
+        _release_frames(top)
+        gc.collect()
+        assert len(held) == 2 and all(ref() is None for ref in held)
 
 
 @pytest.mark.parametrize("fail_rank", [-1, 1])
