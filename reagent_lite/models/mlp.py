@@ -7,8 +7,9 @@ linear layer `layers[i] -> layers[i + 1]` (so the last one is usually `"linear"`
 
 from __future__ import annotations
 
+import contextlib
 import itertools
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 import torch
 from torch import nn
@@ -136,8 +137,26 @@ class MLP(nn.Module):
         return x
 
 
+# Read while Dynamo traces: see `output_sums`.
+_output_sums = True
+
+
+@contextlib.contextmanager
+def output_sums(enabled: bool) -> Iterator[None]:
+    """Within, Dynamo traces one-output last layers as a product and a sum only if
+    `enabled`. The compiled losses of a step whose gradients are summed over several GPUs
+    turn it off (`training.steps`): it was measured on one GPU only, and the same form for
+    dqn's two outputs scaled at 36% on four GPUs, for a cause not yet known."""
+    global _output_sums
+    before, _output_sums = _output_sums, enabled
+    try:
+        yield
+    finally:
+        _output_sums = before
+
+
 def _compiling() -> bool:
     """Traced by TorchDynamo (`torch.compile`), not by the model export (non-strict, no
     Dynamo), whose program runs eagerly, where the matrix-vector product is the faster
     form. (`is_compiling() and not is_exporting()` is False under torch 2.11's Dynamo.)"""
-    return torch.compiler.is_dynamo_compiling()
+    return _output_sums and torch.compiler.is_dynamo_compiling()
