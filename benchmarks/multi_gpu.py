@@ -2,7 +2,7 @@
 
     python -m benchmarks.multi_gpu --out /tmp/mgpu [--batches 1024,8192] [--steps 3000] \\
         [--epochs 3] [--eager-baseline] [--nccl-baseline] [--skip parametric,nodes] \\
-        [--counts 1,4] [--independent] [--verify-every 200] [--compile --precision bf16] \
+        [--counts 1,4] [--independent] [--verify-every 200] [--compile --precision bf16] \\
         [--kind parametric]
 
 1. `use_all_avail_gpus: true` with 1, 2, … G visible GPUs (CUDA_VISIBLE_DEVICES): one

@@ -22,14 +22,12 @@ if os.environ.get("WATCH_DDP_DIR"):
     from torch.nn.parallel import DistributedDataParallel
 
     from reagent_lite.trainers.common import QLearningTrainer
+    from tests.distributed._node import _note_freed
 
     _out = Path(os.environ["WATCH_DDP_DIR"])
     _ddp_init = DistributedDataParallel.__init__
     _train_step = QLearningTrainer.train_step
     _steps = [0]
-
-    def _note_freed(path: Path) -> None:
-        path.write_text("group alive" if dist.is_initialized() else "group destroyed")
 
     def _watched_init(self: DistributedDataParallel, *args: Any, **kwargs: Any) -> None:
         _ddp_init(self, *args, **kwargs)
