@@ -7,9 +7,8 @@ linear layer `layers[i] -> layers[i + 1]` (so the last one is usually `"linear"`
 
 from __future__ import annotations
 
-import contextlib
 import itertools
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 from torch import nn
@@ -125,38 +124,27 @@ class MLP(nn.Module):
         last = len(self.linears) - 1
         for i in range(start, last + 1):
             layer = self.linear(i)
-            if i == last and layer.out_features == 1 and _compiling():
-                # One output: as a product and a sum, Inductor fuses this layer with the
-                # previous activation into one reduction kernel; a matrix-vector product
-                # would first write that activation out and read it back (the parametric
-                # step's K candidates per row make it the largest tensor of the step).
-                x = (x * layer.weight[0]).sum(-1, keepdim=True) + layer.bias
+            if i == last and layer.out_features <= _SUM_OUTPUTS and _compiling():
+                # A few outputs (a parametric Q-value, dqn's actions): as a product and a sum,
+                # Inductor fuses this layer with the previous activation into one reduction
+                # kernel; a matrix product this thin would first write that activation out
+                # and read it back (the parametric step's K candidates per row make it the
+                # largest tensor of the step).
+                x = (x.unsqueeze(-2) * layer.weight).sum(-1) + layer.bias
             else:
                 x = layer(x)
             x = self.tails[i](x)
         return x
 
 
-# Read while Dynamo traces: see `output_sums`.
-_output_sums = True
-
-
-@contextlib.contextmanager
-def output_sums(enabled: bool) -> Iterator[None]:
-    """Within, Dynamo traces one-output last layers as a product and a sum only if
-    `enabled`. The compiled losses of a step whose gradients are summed over several GPUs
-    turn it off (`training.steps`): it was measured on one GPU only, and the same form for
-    dqn's two outputs scaled at 36% on four GPUs, for a cause not yet known."""
-    global _output_sums
-    before, _output_sums = _output_sums, enabled
-    try:
-        yield
-    finally:
-        _output_sums = before
+# The widest last layer traced as a product and a sum (`MLP._from`). Measured faster on
+# H100s (benchmarks/RESULTS.md) with 1 and 2 outputs (parametric, CartPole's dqn), on one
+# GPU and on four; wider layers keep the matrix product, whose cost grows more slowly.
+_SUM_OUTPUTS = 4
 
 
 def _compiling() -> bool:
     """Traced by TorchDynamo (`torch.compile`), not by the model export (non-strict, no
-    Dynamo), whose program runs eagerly, where the matrix-vector product is the faster
-    form. (`is_compiling() and not is_exporting()` is False under torch 2.11's Dynamo.)"""
-    return _output_sums and torch.compiler.is_dynamo_compiling()
+    Dynamo), whose program runs eagerly, where the matrix product is the faster form.
+    (`is_compiling() and not is_exporting()` is False under torch 2.11's Dynamo.)"""
+    return torch.compiler.is_dynamo_compiling()

@@ -43,7 +43,6 @@ import torch
 from torch import Tensor, nn
 
 from reagent_lite.evaluation.cpe_models import CpeModelTrainer
-from reagent_lite.models.mlp import output_sums
 from reagent_lite.trainers.common import DQNLoss, QLearningTrainer
 from reagent_lite.training.sources import LazyBatch
 
@@ -104,12 +103,10 @@ class _CompileOnce:
 
 class _Compiled(_CompileOnce):
     """A loss function of (micro-batch, modules...) compiled once per run: the batch goes in
-    as its source columns and row index (module notes). `output_sums`: whether one-output
-    last layers are traced as a product and a sum (`models.mlp.output_sums`)."""
+    as its source columns and row index (module notes)."""
 
-    def __init__(self, *, output_sums: bool = True) -> None:
+    def __init__(self) -> None:
         super().__init__()
-        self.output_sums = output_sums
         self._compiled: Any = torch.compile(self._traced, dynamic=False)
 
     def _eager(self, batch: Any, *modules: nn.Module) -> Any:
@@ -123,19 +120,18 @@ class _Compiled(_CompileOnce):
 
     def _call(self, batch: LazyBatch, *modules: nn.Module) -> Any:
         columns, idx = batch.parts()
-        with output_sums(self.output_sums):
-            return self._run(
-                lambda: self._compiled(columns, idx, *modules),
-                lambda: self._eager(batch, *modules),
-            )
+        return self._run(
+            lambda: self._compiled(columns, idx, *modules),
+            lambda: self._eager(batch, *modules),
+        )
 
 
 class CompiledLoss(_Compiled):
     """`trainer.compute_loss`, compiled once per run (see the module notes)."""
 
-    def __init__(self, trainer: QLearningTrainer[Any], *, output_sums: bool = True) -> None:
+    def __init__(self, trainer: QLearningTrainer[Any]) -> None:
         self.trainer = trainer
-        super().__init__(output_sums=output_sums)
+        super().__init__()
 
     def _eager(self, batch: Any, *modules: nn.Module) -> Any:
         loss = self.trainer.compute_loss(batch, net=modules[0])
@@ -158,9 +154,9 @@ class CompiledCpeLoss(_Compiled):
 
     what = "CPE models' loss"
 
-    def __init__(self, cpe: CpeModelTrainer, *, output_sums: bool = True) -> None:
+    def __init__(self, cpe: CpeModelTrainer) -> None:
         self.cpe = cpe
-        super().__init__(output_sums=output_sums)
+        super().__init__()
 
     def _eager(self, batch: Any, *modules: nn.Module) -> Any:
         return self.cpe.compute_loss(batch, modules[0], modules[1])

@@ -158,10 +158,8 @@ def build_step_runner(
         source = HostStreamed(columns, sampler, device, chunk_rows, mps, batch, epochs)
     else:
         source = ResidentRows(columns, data.pack, sampler, steps_per_epoch, mps, batch)
-    # The one-output sum (`models.mlp.output_sums`) only where it was measured: one GPU.
-    sums = ctx.world_size == 1
-    loss = CompiledLoss(trainer, output_sums=sums) if compiled else None
-    cpe_loss = CompiledCpeLoss(cpe, output_sums=sums) if compiled and cpe is not None else None
+    loss = CompiledLoss(trainer) if compiled else None
+    cpe_loss = CompiledCpeLoss(cpe) if compiled and cpe is not None else None
     update = Update(
         trainer,
         cpe,

@@ -85,11 +85,12 @@ def _traced_ops(net: torch.nn.Module, *args: torch.Tensor) -> list[str]:
     return [str(n.target) for gm in graphs for n in gm.graph.nodes if n.op.startswith("call_")]
 
 
-def test_one_output_layer_is_a_sum_when_compiled() -> None:
-    """Compiled, a one-output last layer is a product and a sum (fused with the activation
-    before it), with the value and gradients of the linear layer it replaces."""
+@pytest.mark.parametrize("outputs", [1, 2, 4])
+def test_a_thin_last_layer_is_a_sum_when_compiled(outputs: int) -> None:
+    """Compiled, a last layer of up to 4 outputs is a product and a sum (fused with the
+    activation before it), with the value and gradients of the linear layer it replaces."""
     torch.manual_seed(0)
-    net = MLP([5, 16, 8, 1], ["relu", "relu", "linear"])
+    net = MLP([5, 16, 8, outputs], ["relu", "relu", "linear"])
     x = torch.randn(9, 5)
     ops = _traced_ops(net, x)
     assert sum("linear" in op for op in ops) == 2 and any("sum" in op for op in ops), ops
@@ -101,8 +102,12 @@ def test_one_output_layer_is_a_sum_when_compiled() -> None:
     net.zero_grad()
     want = net(x)
     want.square().sum().backward()
+    assert got.shape == want.shape == (9, outputs)
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
     for a, b in zip(got_grads, (p.grad for p in net.parameters()), strict=True):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
-    several = MLP([5, 16, 3], ["relu", "linear"])
-    assert sum("linear" in op for op in _traced_ops(several, x)) == 2  # more outputs: a GEMM
+
+
+def test_a_wider_last_layer_stays_a_matrix_product_when_compiled() -> None:
+    ops = _traced_ops(MLP([5, 16, 5], ["relu", "linear"]), torch.randn(9, 5))
+    assert sum("linear" in op for op in ops) == 2 and not any("sum" in op for op in ops), ops

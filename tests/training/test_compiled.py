@@ -6,7 +6,6 @@ torch's fused Adam again."""
 from __future__ import annotations
 
 import copy
-import dataclasses
 import logging
 from collections.abc import Callable
 from pathlib import Path
@@ -16,14 +15,13 @@ import pytest
 import torch
 from torch import nn
 
-from reagent_lite.models import ParametricQNetwork
+from reagent_lite.models import ParametricQNetwork, build_q_network
 from reagent_lite.trainers import DQNHyperParams, ParametricDQNTrainer
 from reagent_lite.trainers.common import DQNLoss
 from reagent_lite.trainers.dqn import DQNTrainer
 from reagent_lite.training.compiled import CompiledApply, CompiledLoss
 from reagent_lite.training.sources import LazyBatch
 from tests.trainers.helpers import random_discrete_batch, random_parametric_batch
-from tests.training.runs import tiny_cpe_workflow
 
 
 def _pair() -> tuple[DQNTrainer, DQNTrainer]:
@@ -149,31 +147,32 @@ def _traced_code(call: Callable[[], Any]) -> str:
     return "\n".join(lines)
 
 
-@pytest.mark.parametrize("sums", [True, False])
-def test_a_compiled_loss_traces_the_one_output_sum_only_when_told(sums: bool) -> None:
-    """`CompiledLoss(..., output_sums=)`: the parametric Q-network's one-output last layer
-    is traced as a product and a sum, or as the linear layer; the loss is the same."""
+@pytest.mark.parametrize("kind", ["dqn", "parametric_dqn"])
+def test_a_compiled_loss_traces_the_last_layer_as_a_sum(kind: str) -> None:
+    """`CompiledLoss`: the Q-network's thin last layer (dqn's 3 actions, the parametric
+    network's one output) is traced as a product and a sum; the loss is the eager one."""
     torch.manual_seed(0)
-    net = ParametricQNetwork(4, 3, [-1, 16, -1], ["relu", "linear"])
-    trainer = ParametricDQNTrainer(net, DQNHyperParams(double_q_learning=True))
-    fields = vars(random_parametric_batch(32, 4, 3, 5))
-    batch = LazyBatch(fields, torch.arange(32))
-    loss = CompiledLoss(trainer, output_sums=sums)
+    trainer: DQNTrainer | ParametricDQNTrainer
+    if kind == "dqn":
+        trainer = DQNTrainer(
+            build_q_network(
+                in_dim=4, n_actions=3, layers=[-1, 16, -1], activations=["relu", "linear"]
+            ),
+            DQNHyperParams(double_q_learning=True),
+            n_actions=3,
+        )
+        fields = vars(random_discrete_batch(32, 4, 3))
+    else:
+        net = ParametricQNetwork(4, 3, [-1, 16, -1], ["relu", "linear"])
+        trainer = ParametricDQNTrainer(net, DQNHyperParams(double_q_learning=True))
+        fields = vars(random_parametric_batch(32, 4, 3, 5))
+    loss = CompiledLoss(trainer)
     torch._dynamo.reset()
     got: list[DQNLoss] = []
-    code = _traced_code(lambda: got.append(loss(batch, trainer.online)))
+    code = _traced_code(
+        lambda: got.append(loss(LazyBatch(fields, torch.arange(32)), trainer.online))
+    )
     assert not loss.failed and "in _from" in code, code[-2000:]
-    assert ("layer.weight[0]).sum(-1" in code) == sums
+    assert "layer.weight).sum(-1)" in code, code[-2000:]
     want = trainer.compute_loss(LazyBatch(fields, torch.arange(32)))
     torch.testing.assert_close(got[0].total, want.total, rtol=1e-5, atol=1e-6)
-
-
-def test_several_ranks_compile_their_losses_without_the_sum(tmp_path: Path) -> None:
-    """The step runner of a run over several ranks builds its compiled losses (the
-    Q-network's and the CPE models') without the one-output sum; one rank with it."""
-    for world_size in (1, 2):
-        wf = tiny_cpe_workflow(tmp_path, "parametric_dqn", f"w{world_size}", compile=True)
-        wf.ctx = dataclasses.replace(wf.ctx, world_size=world_size)
-        update = wf.step_runner().update
-        assert update.loss is not None and update.cpe_loss is not None
-        assert update.loss.output_sums is update.cpe_loss.output_sums is (world_size == 1)
