@@ -6,8 +6,9 @@
 * bf16: the forward passes under bfloat16 autocast. Weights, gradients and optimizer
   state stay float32 (autocast casts a copy per use), and the losses are float32 because
   autocast runs mse / smooth-L1 / logsumexp in float32. The cast cache is off: a cached
-  copy would outlive a CUDA graph's capture. (A compiled one-output last layer, a product
-  and a sum with the float32 weight, gives float32 where the linear layer gives bf16.)
+  copy would outlive a CUDA graph's capture. (A compiled last layer of up to 4 outputs, a
+  product and a sum with the float32 weight, gives float32 where the linear layer gives
+  bf16.)
 
 Only the step is affected: evaluation, CPE and the exported model read the float32
 weights in float32.
