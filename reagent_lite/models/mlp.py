@@ -8,7 +8,8 @@ linear layer `layers[i] -> layers[i + 1]` (so the last one is usually `"linear"`
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable, Sequence
+import os
+from collections.abc import Callable, Mapping, Sequence
 
 import torch
 from torch import nn
@@ -92,6 +93,7 @@ class MLP(nn.Module):
             )
         self.in_dim = int(sizes[0])
         self.out_dim = int(sizes[-1])
+        self.ends_in_output = ends_in_output
         self.linears = nn.ModuleList(nn.Linear(a, b) for a, b in itertools.pairwise(sizes))
         # `tails[i]` is what follows `linears[i]`; kept separate so that a caller (the
         # parametric network) can compute the first linear layer its own way.
@@ -124,7 +126,12 @@ class MLP(nn.Module):
         last = len(self.linears) - 1
         for i in range(start, last + 1):
             layer = self.linear(i)
-            if i == last and layer.out_features <= _SUM_OUTPUTS and _compiling():
+            if (
+                i == last
+                and self.ends_in_output
+                and layer.out_features <= SUM_OUTPUTS
+                and _compiling()
+            ):
                 # A few outputs (a parametric Q-value, dqn's actions): as a product and a sum,
                 # Inductor fuses this layer with the previous activation into one reduction
                 # kernel; a matrix product this thin would first write that activation out
@@ -137,10 +144,21 @@ class MLP(nn.Module):
         return x
 
 
-# The widest last layer traced as a product and a sum (`MLP._from`). Measured faster on
-# H100s (benchmarks/RESULTS.md) with 1 and 2 outputs (parametric, CartPole's dqn), on one
-# GPU and on four; wider layers keep the matrix product, whose cost grows more slowly.
-_SUM_OUTPUTS = 4
+FUSED_OUTPUT_ENV = "REAGENT_LITE_FUSED_OUTPUT"
+
+
+def sum_outputs(env: Mapping[str, str]) -> int:
+    """The widest output layer traced as a product and a sum (`MLP._from`); 0 (always the
+    matrix product) when `env` sets REAGENT_LITE_FUSED_OUTPUT=0. Measured faster on H100s
+    (benchmarks/RESULTS.md) with 1 and 2 outputs (parametric, CartPole's dqn) on one GPU
+    and, on one host, on four; on another host a 4-GPU run of the sum scaled at 36%, with
+    no matrix-product run beside it, hence the switch. The bound of 4 is a guess between
+    those measurements and the wider layers whose matrix product is not so thin."""
+    return 0 if env.get(FUSED_OUTPUT_ENV, "").strip() == "0" else 4
+
+
+# Read once: a rank's compiled steps all trace the same form.
+SUM_OUTPUTS = sum_outputs(os.environ)
 
 
 def _compiling() -> bool:

@@ -43,6 +43,7 @@ import torch
 from torch import Tensor, nn
 
 from reagent_lite.evaluation.cpe_models import CpeModelTrainer
+from reagent_lite.models import mlp
 from reagent_lite.trainers.common import DQNLoss, QLearningTrainer
 from reagent_lite.training.sources import LazyBatch
 
@@ -145,6 +146,8 @@ class CompiledLoss(_Compiled):
     def describe(self) -> str:
         if self.failed:
             return f"{self.failed}, eager loss"
+        if mlp.SUM_OUTPUTS == 0:
+            return f"loss compiled by Inductor (output layers as matrix products: {mlp.FUSED_OUTPUT_ENV}=0)"
         return "loss compiled by Inductor"
 
 

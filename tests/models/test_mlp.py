@@ -4,7 +4,11 @@ import pytest
 import torch
 
 from reagent_lite.errors import ConfigError
-from reagent_lite.models import MLP, build_q_network, resolve_layer_sizes
+from reagent_lite.export import export_program
+from reagent_lite.kinds import FeatureSpace, get_kind
+from reagent_lite.models import MLP, build_q_network, mlp, resolve_layer_sizes
+from reagent_lite.normalization.identify import fit_normalization
+from reagent_lite.normalization.module import Preprocessor
 
 
 def test_shapes_and_placeholders() -> None:
@@ -108,6 +112,39 @@ def test_a_thin_last_layer_is_a_sum_when_compiled(outputs: int) -> None:
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
 
 
+def _traced_linears_and_sums(net: MLP) -> tuple[int, bool]:
+    ops = _traced_ops(net, torch.randn(9, 5))
+    return sum("linear" in op for op in ops), any("sum" in op for op in ops)
+
+
 def test_a_wider_last_layer_stays_a_matrix_product_when_compiled() -> None:
-    ops = _traced_ops(MLP([5, 16, 5], ["relu", "linear"]), torch.randn(9, 5))
-    assert sum("linear" in op for op in ops) == 2 and not any("sum" in op for op in ops), ops
+    assert _traced_linears_and_sums(MLP([5, 16, 5], ["relu", "linear"])) == (2, False)
+
+
+def test_a_trunks_thin_last_hidden_layer_stays_a_matrix_product() -> None:
+    """Only an output layer is fused: a trunk (`ends_in_output=False`, the dueling
+    network's) keeps its last layer, which its own activation and norm follow."""
+    trunk = MLP([5, 16, 4], ["relu", "relu"], layer_norm=True, ends_in_output=False)
+    assert _traced_linears_and_sums(trunk) == (2, False)
+
+
+def test_the_switch_keeps_the_matrix_product(monkeypatch: pytest.MonkeyPatch) -> None:
+    """REAGENT_LITE_FUSED_OUTPUT=0: every output layer stays a matrix product."""
+    assert mlp.sum_outputs({}) == mlp.sum_outputs({mlp.FUSED_OUTPUT_ENV: "1"}) == 4
+    assert mlp.sum_outputs({mlp.FUSED_OUTPUT_ENV: " 0 "}) == 0
+    monkeypatch.setattr(mlp, "SUM_OUTPUTS", mlp.sum_outputs({mlp.FUSED_OUTPUT_ENV: "0"}))
+    assert _traced_linears_and_sums(MLP([5, 16, 1], ["relu", "linear"])) == (2, False)
+
+
+def test_the_exported_model_keeps_the_linear_layer() -> None:
+    """`export_program` (non-strict, no Dynamo) writes the eager form: `aten.linear` for
+    the thin output layer too, no product-and-sum."""
+    net = build_q_network(in_dim=2, n_actions=3, layers=[-1, 8, -1], activations=["relu", "linear"])
+    kind, space = get_kind("dqn"), FeatureSpace(state_ids=["0", "1"], actions=["a", "b", "c"])
+    pre = Preprocessor(
+        ["0", "1"], fit_normalization(torch.rand(200, 2).double().numpy(), ["0", "1"])
+    )
+    program = export_program(kind.serving_module({"state": pre}, net.eval()), kind, space)
+    targets = [n.target for n in program.graph.nodes]
+    assert targets.count(torch.ops.aten.linear.default) == 2, targets
+    assert torch.ops.aten.sum.dim_IntList not in targets, targets

@@ -15,7 +15,7 @@ import pytest
 import torch
 from torch import nn
 
-from reagent_lite.models import ParametricQNetwork, build_q_network
+from reagent_lite.models import ParametricQNetwork, build_q_network, mlp
 from reagent_lite.trainers import DQNHyperParams, ParametricDQNTrainer
 from reagent_lite.trainers.common import DQNLoss
 from reagent_lite.trainers.dqn import DQNTrainer
@@ -176,3 +176,11 @@ def test_a_compiled_loss_traces_the_last_layer_as_a_sum(kind: str) -> None:
     assert "layer.weight).sum(-1)" in code, code[-2000:]
     want = trainer.compute_loss(LazyBatch(fields, torch.arange(32)))
     torch.testing.assert_close(got[0].total, want.total, rtol=1e-5, atol=1e-6)
+
+
+def test_the_step_log_names_the_matrix_product_switch(monkeypatch: pytest.MonkeyPatch) -> None:
+    net = ParametricQNetwork(4, 3, [-1, 16, -1], ["relu", "linear"])
+    loss = CompiledLoss(ParametricDQNTrainer(net, DQNHyperParams()))
+    assert loss.describe() == "loss compiled by Inductor"
+    monkeypatch.setattr(mlp, "SUM_OUTPUTS", 0)
+    assert "REAGENT_LITE_FUSED_OUTPUT=0" in loss.describe()
