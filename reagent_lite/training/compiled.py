@@ -122,8 +122,7 @@ class _Compiled(_CompileOnce):
     def _call(self, batch: LazyBatch, *modules: nn.Module) -> Any:
         columns, idx = batch.parts()
         return self._run(
-            lambda: self._compiled(columns, idx, *modules),
-            lambda: self._eager(batch, *modules),
+            lambda: self._compiled(columns, idx, *modules), lambda: self._eager(batch, *modules)
         )
 
 
@@ -147,7 +146,8 @@ class CompiledLoss(_Compiled):
         if self.failed:
             return f"{self.failed}, eager loss"
         if mlp.SUM_OUTPUTS == 0:
-            return f"loss compiled by Inductor (output layers as matrix products: {mlp.FUSED_OUTPUT_ENV}=0)"
+            switch = f"{mlp.FUSED_OUTPUT_ENV}=0"
+            return f"loss compiled by Inductor (output layers as matrix products: {switch})"
         return "loss compiled by Inductor"
 
 

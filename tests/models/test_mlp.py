@@ -89,15 +89,19 @@ def _traced_ops(net: torch.nn.Module, *args: torch.Tensor) -> list[str]:
     return [str(n.target) for gm in graphs for n in gm.graph.nodes if n.op.startswith("call_")]
 
 
+def _traced_linears_and_sums(net: MLP) -> tuple[int, bool]:
+    ops = _traced_ops(net, torch.randn(9, 5))
+    return sum("linear" in op for op in ops), any("sum" in op for op in ops)
+
+
 @pytest.mark.parametrize("outputs", [1, 2, 4])
 def test_a_thin_last_layer_is_a_sum_when_compiled(outputs: int) -> None:
     """Compiled, a last layer of up to 4 outputs is a product and a sum (fused with the
     activation before it), with the value and gradients of the linear layer it replaces."""
     torch.manual_seed(0)
     net = MLP([5, 16, 8, outputs], ["relu", "relu", "linear"])
+    assert _traced_linears_and_sums(net) == (2, True)
     x = torch.randn(9, 5)
-    ops = _traced_ops(net, x)
-    assert sum("linear" in op for op in ops) == 2 and any("sum" in op for op in ops), ops
     compiled = torch.compile(net, backend="aot_eager", fullgraph=True)
     torch._dynamo.reset()
     got = compiled(x)
@@ -110,11 +114,6 @@ def test_a_thin_last_layer_is_a_sum_when_compiled(outputs: int) -> None:
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
     for a, b in zip(got_grads, (p.grad for p in net.parameters()), strict=True):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
-
-
-def _traced_linears_and_sums(net: MLP) -> tuple[int, bool]:
-    ops = _traced_ops(net, torch.randn(9, 5))
-    return sum("linear" in op for op in ops), any("sum" in op for op in ops)
 
 
 def test_a_wider_last_layer_stays_a_matrix_product_when_compiled() -> None:
