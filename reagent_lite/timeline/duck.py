@@ -1,36 +1,39 @@
-"""The timeline on DuckDB: embedded, out of core, every core (the default engine).
+"""The timeline on one machine (the default engine): DuckDB and Arrow, out of core, on
+every core.
 
-DuckDB runs its one sort of the steps (`sorted_steps_sql`) over a Parquet file or directory
-(read in place, only the columns a query needs) or JSON Lines (parsed once into a temporary
-table). The sort spills to a temporary directory when it outgrows `memory_limit`, so a step
-log of any size runs in bounded memory; its threads cover every core unless told otherwise.
-The sorted steps stream out as Arrow batches, are paired and checked in Arrow (`pairing.py`:
-the values of `transitions_sql`, without its second sort and window, and the rules of the
-checks' SQL, which runs only once a row breaks one, for the message) and written by Arrow's
-Parquet writer (`tables.py`), which costs about half the CPU of DuckDB's on these nested
-columns (benchmarks/RESULTS.md).
+DuckDB opens the step log (a Parquet file or directory in place; JSON Lines parsed once
+into a temporary table, which spills like its sorts), names and checks its columns, hashes
+episodes to their side with the SQL's own split and, when a row breaks a rule, runs the
+checks' SQL for the message. The rows themselves are read by Arrow where it reads them as
+DuckDB does (`scan.py`), sorted in memory-bounded buckets (`buckets.py`), paired
+(`pairing.py`) on one thread and written by Arrow's Parquet writer (`tables.py`) on
+another: about a third of the CPU time of DuckDB sorting the rows itself
+(benchmarks/RESULTS.md), with the same rows as `transitions_sql` executed as written.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
-import queue
 import re
 import shutil
 import tempfile
-import threading
 from collections.abc import Callable, Collection, Generator, Iterator
 from contextlib import closing, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import duckdb
+import numpy as np
 import pyarrow as pa
 
 from reagent_lite.errors import ConfigError, DataError, ReagentLiteError
+from reagent_lite.timeline.ahead import read_ahead
+from reagent_lite.timeline.buckets import SortSettings, sorted_runs
 from reagent_lite.timeline.files import step_files
-from reagent_lite.timeline.pairing import Layout, paired_batches
+from reagent_lite.timeline.pairing import Layout, transitions
 from reagent_lite.timeline.query import (
     Kind,
     Side,
@@ -38,15 +41,15 @@ from reagent_lite.timeline.query import (
     checks_sql,
     duplicates_sql,
     raise_for_checks,
-    sorted_steps_sql,
+    split_condition,
 )
+from reagent_lite.timeline.scan import DuckScan, Scan, open_parquet
 from reagent_lite.timeline.tables import ROW_GROUP_SIZE, TableFile
 
 DEFAULT_MEMORY_LIMIT = "1GB"
-# Rows per Arrow batch of the sorted stream, one row group's worth: per-batch work stays
-# amortised, and the batches in flight (about four) stay small beside DuckDB's memory
-# limit (65,536 rows took 0.14 GiB more peak memory at 5M steps, for the same CPU time).
-STREAM_BATCH_ROWS = ROW_GROUP_SIZE
+# Rows per run of transitions (whole episodes: at least this many), one row group's
+# worth: per-run work stays amortised and the runs in flight stay small.
+RUN_ROWS = ROW_GROUP_SIZE
 _INTEGER = {
     "TINYINT",
     "SMALLINT",
@@ -107,14 +110,24 @@ _UNITS = {"B": 1, "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40,
 
 def _default_threads(con: duckdb.DuckDBPyConnection) -> int:
     """Every core DuckDB sees, but no more than the memory limit gives 128 MiB each."""
-    cores, limit = con.execute(
-        "SELECT current_setting('threads'), current_setting('memory_limit')"
-    ).fetchone() or (1, "")
-    match = re.fullmatch(r"\s*([\d.]+)\s*([KMGT]?I?B)\s*", str(limit).upper())
-    if match is None:  # a limit DuckDB spells otherwise: keep its own choice
+    cores = setting(con, "threads")
+    size = memory_limit_bytes(con)
+    if size is None:  # a limit DuckDB spells otherwise: keep its own choice
         return int(cores)
-    size = float(match.group(1)) * _UNITS[match.group(2)]
     return max(1, min(int(cores), int(size // _BYTES_PER_THREAD)))
+
+
+def setting(con: duckdb.DuckDBPyConnection, name: str) -> Any:
+    """A DuckDB setting's value (fetched to the end: DuckDB 2 refuses another query on a
+    connection whose last result is unfinished)."""
+    return con.execute(f"SELECT current_setting('{name}')").fetchall()[0][0]
+
+
+def memory_limit_bytes(con: duckdb.DuckDBPyConnection) -> int | None:
+    """The connection's memory limit in bytes (None if DuckDB spells it unexpectedly)."""
+    limit = setting(con, "memory_limit")
+    match = re.fullmatch(r"\s*([\d.]+)\s*([KMGT]?I?B)\s*", str(limit).upper())
+    return None if match is None else int(float(match.group(1)) * _UNITS[match.group(2)])
 
 
 @contextmanager
@@ -156,8 +169,11 @@ def describe(con: duckdb.DuckDBPyConnection, source: str) -> StepColumns:
     return StepColumns({r[0]: (str(r[1]), duck_kind(str(r[1]))) for r in rows}, source)
 
 
-def open_steps(con: duckdb.DuckDBPyConnection, path: str | os.PathLike[str]) -> StepColumns:
-    """Register the step log at `path` as the view `steps`; its columns, checked."""
+def open_steps(
+    con: duckdb.DuckDBPyConnection, path: str | os.PathLike[str], *, threads: int | None = None
+) -> tuple[StepColumns, Scan]:
+    """Register the step log at `path` as the view `steps`; its columns, checked, and the
+    scan that reads its rows (Arrow's where it reads what DuckDB does, else DuckDB's)."""
     fmt, files = step_files(path)
     listed = "[" + ", ".join(f"'{_sql_string(str(f))}'" for f in files) + "]"
     source = str(path)
@@ -171,11 +187,17 @@ def open_steps(con: duckdb.DuckDBPyConnection, path: str | os.PathLike[str]) -> 
                 f"'{_sql_string(str(r[0]))}': '{_json_type(str(r[1]))}'" for r in inferred
             )
             con.execute(f"CREATE TEMP TABLE steps AS SELECT * FROM {reader}, columns = {{{spec}}})")
+        columns = describe(con, source)
+        columns.check()
+        duck = DuckScan.of(con, columns, DuckDialect())
     except duckdb.Error as err:
         raise DataError(f"{source}: cannot read as {fmt} ({_first_line(err)})") from err
-    columns = describe(con, source)
-    columns.check()
-    return columns
+    if fmt == "parquet":
+        with contextlib.suppress(pa.ArrowException, OSError):  # Arrow cannot: DuckDB reads
+            arrow = open_parquet(files, columns, duck.schema, threads=threads)
+            if arrow is not None:
+                return columns, arrow
+    return columns, duck
 
 
 def _json_type(type_name: str) -> str:
@@ -212,45 +234,63 @@ def check_values(con: duckdb.DuckDBPyConnection, columns: StepColumns) -> None:
         con.execute("RESET disabled_optimizers")
 
 
+def eval_flags(
+    con: duckdb.DuckDBPyConnection, eval_fraction: float, seed: int
+) -> Callable[[pa.Array], np.ndarray]:
+    """The SQL's split (`split_condition`) as a function: distinct episode ids → True for
+    those on the eval side, computed by DuckDB (its own text of each id and its MD5)."""
+    cursor = con.cursor()  # called from the sorting thread
+    condition = split_condition("eval", eval_fraction, seed)
+
+    def flags(ids: pa.Array) -> np.ndarray:
+        cursor.register("episode_ids", pa.table({"mdp_id": ids, "i": np.arange(len(ids))}))
+        try:
+            sql = f"SELECT ({condition}) AS e FROM episode_ids ORDER BY i"
+            return cursor.sql(sql).to_arrow_table().column(0).to_numpy()
+        finally:
+            cursor.unregister("episode_ids")
+
+    return flags
+
+
 def stream_transitions(
     con: duckdb.DuckDBPyConnection,
     columns: StepColumns,
+    scan: Scan,
     sides: Collection[Side],
     *,
     eval_fraction: float,
     seed: int,
-    batch_rows: int = STREAM_BATCH_ROWS,
-    check: bool = False,
-) -> tuple[pa.Schema, Generator[tuple[Side, pa.RecordBatch], None, None]]:
-    """The transitions of `sides` as Arrow batches (train before eval, each sorted by
-    mdp_id and sequence_number), and their schema. Close the iterator when done early.
-    `check`: raise `pairing.BrokenCheck` at the first row breaking a value check."""
-    sql = sorted_steps_sql(
-        columns, DuckDialect(), sides=sides, eval_fraction=eval_fraction, seed=seed
+    run_rows: int = RUN_ROWS,
+) -> tuple[Layout, Generator[tuple[Side, pa.RecordBatch], None, None]]:
+    """The transitions of `sides` as Arrow batches (each side's sorted by mdp_id and
+    sequence_number; every row of the log is checked, `pairing.BrokenCheck` at the first
+    bad one), made on a thread of their own, and their layout. Close the iterator when
+    done early."""
+    layout = Layout.of(scan.schema, columns)
+    flags = None if set(sides) == {"all"} else eval_flags(con, eval_fraction, seed)
+    spill = str(setting(con, "temp_directory"))
+    settings = SortSettings(
+        memory_limit_bytes(con) or 2**30, Path(spill) / "buckets", max(1, run_rows)
     )
-    reader = con.sql(sql).to_arrow_reader(batch_rows)
-    layout = Layout.of(reader.schema, columns)
-    batches = paired_batches(reader, layout, check=check)
-    return layout.schema, _read_ahead(batches, con.interrupt, reader.close)
+    ordered = [s for s in ("all", "train", "eval") if s in sides]
+    runs = sorted_runs(scan, ordered, flags, settings)  # type: ignore[arg-type]
+    batches = ((run.side, transitions(run.steps, run.has_next, layout)) for run in runs)
+    return layout, read_ahead(batches, name="timeline-sort", interrupt=con.interrupt)
 
 
 @contextmanager
-def checked(
-    con: duckdb.DuckDBPyConnection, columns: StepColumns, *, already: bool = False
-) -> Iterator[None]:
-    """Run a stream of every step with `check=True` inside: if it fails (a row breaks a
-    check, or pairing or DuckDB fail on a bad row), the checks' SQL runs first and raises
-    their `DataError` (the count and an example, as when they ran before the sort, two
-    passes over the log that a good log no longer pays); else the failure itself — also
-    when the checks cannot run (say, DuckDB out of memory: the first error says more) or
-    ran `already` (before a one-side stream). Running out of memory while streaming is a
-    `ReagentLiteError`, not rechecked."""
+def checked(con: duckdb.DuckDBPyConnection, columns: StepColumns) -> Iterator[None]:
+    """Run a stream of transitions inside: if it fails (a row breaks a check, or the sort,
+    pairing or DuckDB fail on a bad row), the checks' SQL runs and raises its `DataError`
+    (the count and an example, the message every engine gives; two passes over the log
+    that a good log does not pay); else the failure itself — also when the checks cannot
+    run (say, DuckDB out of memory: the first error says more)."""
     try:
         yield
     except (DataError, duckdb.Error, pa.ArrowException):
-        if not already:
-            with contextlib.suppress(duckdb.Error, pa.ArrowException):
-                check_values(con, columns)
+        with contextlib.suppress(duckdb.Error, pa.ArrowException):
+            check_values(con, columns)
         raise
 
 
@@ -258,57 +298,7 @@ def _out_of_memory(err: Exception) -> bool:
     return isinstance(err, duckdb.OutOfMemoryException) or "Out of Memory" in str(err)
 
 
-_END = object()
 _Item = tuple[Side, pa.RecordBatch]
-
-
-def _read_ahead(
-    batches: Iterator[_Item],
-    interrupt: Callable[[], None],
-    release: Callable[[], None],
-    depth: int = 2,
-) -> Generator[_Item, None, None]:
-    """`batches`, produced by a thread: DuckDB merges and converts the next batch and it is
-    paired while the caller writes this one (Arrow and DuckDB release the GIL), which keeps
-    the writer, the longest single-threaded part, busy. A caller that stops early (an
-    error, Ctrl-C) interrupts the query rather than wait for its sort. At the end the
-    query's result is `release`d, so the connection can run another query (the checks)."""
-    items: queue.Queue[object] = queue.Queue(maxsize=depth)
-    stop = threading.Event()
-
-    def put(item: object) -> bool:
-        while not stop.is_set():
-            try:
-                items.put(item, timeout=0.1)
-                return True
-            except queue.Full:
-                continue
-        return False
-
-    def produce() -> None:
-        try:
-            for item in batches:
-                if not put(item):
-                    return
-            put(_END)
-        except BaseException as err:  # handed to the caller, raised there
-            put(err)
-
-    thread = threading.Thread(target=produce, name="timeline-read-ahead", daemon=True)
-    thread.start()
-    finished = False
-    try:
-        while (item := items.get()) is not _END:
-            if isinstance(item, BaseException):
-                raise item
-            yield item  # type: ignore[misc]
-        finished = True
-    finally:
-        stop.set()
-        if not finished:
-            interrupt()
-        thread.join()
-        release()
 
 
 def build_training_table(
@@ -328,12 +318,12 @@ def build_training_table(
         con.execute("CREATE VIEW steps AS SELECT * FROM steps_arrow")
         columns = describe(con, source)
         columns.check()
+        scan = DuckScan.of(con, columns, DuckDialect())
         batches: dict[Side, list[pa.RecordBatch]] = {"train": [], "eval": []}
         with checked(con, columns):
-            schema, stream = stream_transitions(
-                con, columns, ("train", "eval"), eval_fraction=eval_fraction, seed=seed,
-                check=True,
-            )  # fmt: skip
+            layout, stream = stream_transitions(
+                con, columns, scan, ("train", "eval"), eval_fraction=eval_fraction, seed=seed
+            )
             try:
                 with closing(stream):
                     for side, batch in stream:
@@ -341,8 +331,8 @@ def build_training_table(
             except DataError as err:  # from pairing: name the input
                 raise DataError(f"{source}: {err}") from err
     return (
-        pa.Table.from_batches(batches["train"], schema),
-        pa.Table.from_batches(batches["eval"], schema),
+        pa.Table.from_batches(batches["train"], layout.schema).cast(layout.plain),
+        pa.Table.from_batches(batches["eval"], layout.schema).cast(layout.plain),
     )
 
 
@@ -353,21 +343,18 @@ def write_sides(
     eval_fraction: float,
     seed: int,
     settings: DuckSettings,
-    batch_rows: int = STREAM_BATCH_ROWS,
+    run_rows: int = RUN_ROWS,
 ) -> dict[Side, int]:
     """Read the step log, check it, and write each side's transitions to its Parquet file
     (atomically: a temporary file beside it, then a rename). Returns rows per side."""
     with connect(settings) as con:
-        columns = open_steps(con, input_path)
-        every_row = set(outputs) in ({"all"}, {"train", "eval"})
-        if not every_row:  # the stream holds one side: check the whole log beforehand
-            check_values(con, columns)
-        with checked(con, columns, already=not every_row):
+        columns, scan = open_steps(con, input_path, threads=settings.threads)
+        with checked(con, columns):
             return _write(
                 input_path, outputs,
                 lambda: stream_transitions(
-                    con, columns, list(outputs), eval_fraction=eval_fraction, seed=seed,
-                    batch_rows=batch_rows, check=every_row,
+                    con, columns, scan, list(outputs), eval_fraction=eval_fraction, seed=seed,
+                    run_rows=run_rows,
                 ),
             )  # fmt: skip
 
@@ -375,16 +362,16 @@ def write_sides(
 def _write(
     input_path: str | os.PathLike[str],
     outputs: dict[Side, Path],
-    transitions: Callable[[], tuple[pa.Schema, Generator[_Item, None, None]]],
+    transitions: Callable[[], tuple[Layout, Generator[_Item, None, None]]],
 ) -> dict[Side, int]:
     """Write each side's batches of the stream `transitions()` starts; on any failure, no
     file (nor its temporary)."""
     files: dict[Side, TableFile] = {}
     try:
-        schema, stream = transitions()
+        layout, stream = transitions()
         for side, path in outputs.items():
             path.parent.mkdir(parents=True, exist_ok=True)
-            files[side] = TableFile(path, schema)
+            files[side] = TableFile(path, layout.schema, layout.plain)
         with closing(stream):
             for side, batch in stream:
                 files[side].write(batch)
@@ -395,12 +382,19 @@ def _write(
             table_file.publish()
     except DataError as err:  # from pairing: name the input
         raise DataError(f"{input_path}: {err}") from err
-    except (duckdb.Error, pa.ArrowException) as err:
+    except (duckdb.Error, pa.ArrowException, OSError) as err:
         if _out_of_memory(err):
             raise ReagentLiteError(
                 f"{input_path}: DuckDB ran out of memory ({_first_line(err)}); raise "
                 "--memory-limit or point --temp-dir at a disk with more free space"
             ) from err
+        if isinstance(err, OSError) and err.errno == errno.ENOSPC:
+            raise ReagentLiteError(
+                f"{input_path}: no space left on a disk ({err}); point --temp-dir at a disk "
+                "with more free space (the sort spills there), or free some"
+            ) from err
+        if isinstance(err, OSError) and not isinstance(err, pa.ArrowException):
+            raise ReagentLiteError(f"{input_path}: {err}") from err  # an output, say
         raise DataError(f"{input_path}: {_first_line(err)}") from err
     finally:
         for table_file in files.values():

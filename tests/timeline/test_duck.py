@@ -72,7 +72,7 @@ def test_small_memory_limit_gives_the_same_rows(tmp_path) -> None:
     src = write_parts(big, tmp_path / "steps", parts=4)
     spill = tmp_path / "spill"
     spill.mkdir()
-    settings = DuckSettings(memory_limit="64MB", threads=1, temp_dir=str(spill))
+    settings = DuckSettings(memory_limit="4MB", threads=1, temp_dir=str(spill))  # spills
     write_sides(src, {"all": tmp_path / "t.parquet"}, eval_fraction=0.0, seed=0, settings=settings)
     assert sorted_rows(pq.read_table(tmp_path / "t.parquet")) == oracle(big, 0.0)[0]
     assert not list(spill.iterdir())  # its private spill directory is removed afterwards

@@ -1,7 +1,7 @@
-"""DuckDB's plan (one sort, then pairing neighbouring rows in Arrow) writes what the SQL of
-`transitions_sql` gives when DuckDB executes it as written: the same rows in the same
-order, of the same types, however the sorted stream is cut into batches; and the value
-checks it runs on the way give the checks' SQL's message."""
+"""The local engine's plan (Arrow's bucket sort, then pairing neighbouring rows) writes what
+the SQL of `transitions_sql` gives when DuckDB executes it as written: the same rows in
+the same order, of the same types, however the sorted steps are cut into runs; and the
+value checks it runs on the way give the checks' SQL's message."""
 
 from __future__ import annotations
 
@@ -61,8 +61,8 @@ def dense_parametric_steps(rng: np.random.Generator, episodes: int) -> pa.Table:
     return table.take(rng.permutation(n))
 
 
-@pytest.mark.parametrize("batch_rows", [1, 7, 500])
-def test_streamed_pairs_equal_the_sql_across_batches(steps, tmp_path, batch_rows: int) -> None:
+@pytest.mark.parametrize("run_rows", [1, 7, 500])
+def test_streamed_pairs_equal_the_sql_across_batches(steps, tmp_path, run_rows: int) -> None:
     # ~1,200 steps cut into batches of 1, 7 and 500 rows: episodes, and the train → eval
     # boundary, fall across batches and inside them.
     src = write_parts(steps, tmp_path / "steps")
@@ -72,10 +72,10 @@ def test_streamed_pairs_equal_the_sql_across_batches(steps, tmp_path, batch_rows
     }
     settings = DuckSettings(memory_limit="256MB", threads=2)
     written = write_sides(
-        src, outputs, eval_fraction=0.3, seed=5, settings=settings, batch_rows=batch_rows
+        src, outputs, eval_fraction=0.3, seed=5, settings=settings, run_rows=run_rows
     )
     with connect(settings) as con:
-        want = sql_tables(con, open_steps(con, src), ("train", "eval"), 0.3)
+        want = sql_tables(con, open_steps(con, src)[0], ("train", "eval"), 0.3)
     for side in ("train", "eval"):
         got = pq.read_table(outputs[side])
         assert got.schema == want[side].schema, side
@@ -90,10 +90,10 @@ def test_dense_states_map_actions_and_the_alias_equal_the_sql(tmp_path) -> None:
     settings = DuckSettings(threads=2)
     write_sides(
         src, {"all": tmp_path / "all.parquet"}, eval_fraction=0.0, seed=5, settings=settings,
-        batch_rows=5,
+        run_rows=5,
     )  # fmt: skip
     with connect(settings) as con:
-        want = sql_tables(con, open_steps(con, src), ("all",), 0.0)["all"]
+        want = sql_tables(con, open_steps(con, src)[0], ("all",), 0.0)["all"]
     got = pq.read_table(tmp_path / "all.parquet")
     assert got.schema == want.schema
     assert got.to_pylist() == want.to_pylist()
@@ -127,7 +127,7 @@ def test_row_groups_are_full_whatever_the_batches(tmp_path) -> None:
     pq.write_table(big, tmp_path / "steps.parquet")
     write_sides(
         tmp_path / "steps.parquet", {"all": tmp_path / "t.parquet"}, eval_fraction=0.0, seed=0,
-        settings=DuckSettings(threads=2), batch_rows=5_000,
+        settings=DuckSettings(threads=2), run_rows=5_000,
     )  # fmt: skip
     meta = pq.ParquetFile(tmp_path / "t.parquet").metadata
     sizes = [meta.row_group(i).num_rows for i in range(meta.num_row_groups)]
@@ -159,17 +159,17 @@ def test_a_caller_that_stops_early_leaves_no_thread_behind(steps, tmp_path) -> N
     src = write_parts(steps, tmp_path / "steps")
     before = threading.active_count()
     with connect(DuckSettings(threads=2)) as con:
-        columns = open_steps(con, src)
+        columns, scan = open_steps(con, src)
         _, stream = stream_transitions(
-            con, columns, ["all"], eval_fraction=0.0, seed=0, batch_rows=3
+            con, columns, scan, ["all"], eval_fraction=0.0, seed=0, run_rows=3
         )
         side, batch = next(stream)
-        assert side == "all" and batch.num_rows == 3
+        assert side == "all" and 3 <= batch.num_rows < steps.num_rows
         start = time.monotonic()
         stream.close()
         assert time.monotonic() - start < 10
         assert threading.active_count() == before
-        assert con.execute("SELECT count(*) FROM steps").fetchone() == (steps.num_rows,)
+        assert con.execute("SELECT count(*) FROM steps").fetchall() == [(steps.num_rows,)]
 
 
 def _set(table: pa.Table, name: str, row: int, value: object) -> pa.Table:
@@ -199,17 +199,17 @@ BAD_LOGS = {
 }
 
 
-@pytest.mark.parametrize("batch_rows", [1, 7])
+@pytest.mark.parametrize("run_rows", [1, 7])
 @pytest.mark.parametrize("bad", sorted(BAD_LOGS))
 def test_the_stream_finds_bad_rows_and_gives_the_checks_message(
-    steps, tmp_path, monkeypatch, bad: str, batch_rows: int
+    steps, tmp_path, monkeypatch, bad: str, run_rows: int
 ) -> None:
     # Batches of one row: a repeated pair always falls across two batches.
     src = tmp_path / "steps.parquet"
     pq.write_table(BAD_LOGS[bad](steps), src)
     # The checks' SQL alone gives the message users read.
     with connect(DuckSettings(threads=1)) as con, pytest.raises(DataError) as want:
-        check_values(con, open_steps(con, src))
+        check_values(con, open_steps(con, src)[0])
     calls = counted_checks(monkeypatch)
     outputs: dict[Side, Path] = {
         "train": tmp_path / "train.parquet",
@@ -218,7 +218,7 @@ def test_the_stream_finds_bad_rows_and_gives_the_checks_message(
     with pytest.raises(DataError) as got:
         write_sides(
             src, outputs, eval_fraction=0.3, seed=5, settings=DuckSettings(threads=2),
-            batch_rows=batch_rows,
+            run_rows=run_rows,
         )  # fmt: skip
     assert str(got.value) == str(want.value)
     assert len(calls) == 1  # the SQL ran once, after the stream stopped
@@ -235,13 +235,32 @@ def test_a_good_log_is_checked_on_the_stream_alone(steps, tmp_path, monkeypatch)
     )
     outputs: dict[Side, Path] = {"train": tmp_path / "t.parquet", "eval": tmp_path / "e.parquet"}
     write_sides(src, outputs, eval_fraction=0.3, seed=0, settings=settings)
-    assert calls == []
-    # A stream of one side does not hold every row: the log is checked beforehand.
+    # A run writing one side still sorts and checks every row: no pass of its own either.
     write_sides(
         src, {"eval": tmp_path / "e2.parquet"}, eval_fraction=0.3, seed=0, settings=settings
     )
-    assert len(calls) == 1
+    assert calls == []
     assert pq.read_table(tmp_path / "e2.parquet").equals(pq.read_table(tmp_path / "e.parquet"))
+
+
+@pytest.mark.parametrize("written", ["train", "eval"])
+def test_a_bad_row_on_the_side_not_written_is_refused(steps, tmp_path, written: Side) -> None:
+    from reagent_lite.timeline import episode_hash
+
+    # A bad propensity in an episode of the other side than the one written.
+    threshold = 0.3 * 2**64
+    other_side = [
+        i for i, m in enumerate(steps.column("mdp_id").to_pylist())
+        if (episode_hash(m, 0) < threshold) == (written == "train")
+    ]  # fmt: skip
+    src = tmp_path / "steps.parquet"
+    pq.write_table(_set(steps, "action_probability", other_side[0], 1.5), src)
+    with pytest.raises(DataError, match=r"column 'action_probability': 1 rows outside \(0, 1\]"):
+        write_sides(
+            src, {written: tmp_path / "out.parquet"}, eval_fraction=0.3, seed=0,
+            settings=DuckSettings(threads=2),
+        )  # fmt: skip
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["steps.parquet"]
 
 
 @pytest.mark.parametrize("outputs", [("all",), ("train",), ("eval",), ("train", "eval")])
@@ -257,7 +276,7 @@ def test_a_nan_propensity_is_refused(steps, tmp_path, outputs) -> None:
     with pytest.raises(DataError) as got:
         write_sides(
             src, {side: tmp_path / f"{side}.parquet" for side in outputs}, eval_fraction=0.5,
-            seed=0, settings=DuckSettings(threads=2), batch_rows=7,
+            seed=0, settings=DuckSettings(threads=2), run_rows=7,
         )  # fmt: skip
     message = str(got.value)
     assert message.startswith(f"{src}: ") and "column 'action_probability'" in message

@@ -1,0 +1,210 @@
+"""Reading a step log as Arrow batches of its step columns, as often as the sort needs.
+
+Every source yields batches in the form of the SQL's `step_select` (the log's columns in
+the training table's order, `propensity` renamed `action_probability` where it is the
+propensity), so the sort and the pairing never see the log's own layout:
+
+* `ArrowScan` (`open_parquet`), a Parquet file or directory read by Arrow row group by row
+  group (one decoded ahead on a thread), which
+  decodes string leaves (feature ids, action names, ids) straight from Parquet's dictionary
+  pages into dictionary arrays: the cheap way to read these rows and to move them (on the
+  benchmark's log ≈ 0.25 CPU-s per million steps to read against ≈ 0.6 for DuckDB's
+  reader, and the sort's `take` ≈ 0.3 against 0.7 for plain strings; benchmarks/RESULTS.md).
+  Used only where Arrow reads every step column with the type DuckDB gives it
+  (`open_parquet`); Hive-style `key=value/` folders, say, are columns only to DuckDB;
+* `DuckScan`, a DuckDB query over the view `steps`: those logs, JSON Lines (parsed once
+  by DuckDB into a temporary table) and tables in memory (`build_training_table`).
+
+Dictionary-typed leaves stay dictionaries through the sort and the Parquet writer (which
+writes their indices as they are); `plain_schema` is what readers of the file get back.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Collection, Generator, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import duckdb
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from reagent_lite.timeline.ahead import read_ahead
+from reagent_lite.timeline.query import Dialect, StepColumns, step_sources
+
+# Rows per batch a scan yields: per-batch work amortised, the batches in flight small.
+SCAN_BATCH_ROWS = 65_536
+
+_Reader = Callable[[list[str]], Iterator[pa.RecordBatch]]
+
+
+@dataclass
+class ArrowScan:
+    """The step columns of Arrow batches: Parquet files, or a spill file of the sort."""
+
+    read: _Reader  # the given columns of the source, in batches
+    sources: dict[str, str]  # output name → source column (`step_sources`)
+    rows: int
+    schema: pa.Schema  # of the batches `batches` yields
+
+    def _renamed(self) -> ArrowScan:
+        fields = [self.schema.field(src).with_name(name) for name, src in self.sources.items()]
+        self.schema = pa.schema(fields)
+        return self
+
+    def batches(
+        self, columns: Sequence[str] | None = None
+    ) -> Generator[pa.RecordBatch, None, None]:
+        """The step columns (or only `columns`, by output name) of every row, in batches."""
+        names = list(self.sources) if columns is None else list(columns)
+        for batch in self.read(list(dict.fromkeys(self.sources[n] for n in names))):
+            yield pa.RecordBatch.from_arrays(
+                [batch.column(self.sources[n]) for n in names], names=names
+            )
+
+
+def open_parquet(
+    files: Sequence[Path], columns: StepColumns, duck: pa.Schema, *, threads: int | None = None
+) -> ArrowScan | None:
+    """An Arrow scan of the Parquet `files`, or None unless Arrow reads every step column
+    of every file with the type DuckDB gives it (`duck`: DuckDB's Arrow schema of the step
+    columns): not a Hive partition column (DuckDB's alone), nor files that disagree.
+    `threads`: 1 decodes on one thread, else a row group's columns in parallel."""
+    sources = step_sources(columns)
+    names = list(dict.fromkeys(sources.values()))
+    opened = [pq.ParquetFile(f) for f in files]  # their footers
+    if not all(set(names) <= set(f.schema_arrow.names) for f in opened):
+        return None
+    own = pa.schema([opened[0].schema_arrow.field(c) for c in names])
+    if any(pa.schema([f.schema_arrow.field(c) for c in names]) != own for f in opened[1:]):
+        return None
+    renamed = pa.schema([own.field(src).with_name(name) for name, src in sources.items()])
+    if renamed != duck.remove_metadata():
+        return None
+    leaves = [string_leaves(f.schema, names) for f in opened]
+    schema = pa.schema([f.with_type(_dictionary_leaves(f.name, f.type)) for f in own])
+    rows = sum(f.metadata.num_rows for f in opened)
+
+    def row_groups(read: list[str]) -> Iterator[list[pa.RecordBatch]]:
+        want = pa.schema([schema.field(c) for c in read])
+        for path, file_leaves in zip(files, leaves, strict=True):
+            dictionaries = [leaf for leaf in file_leaves if leaf.split(".")[0] in read]
+            file = pq.ParquetFile(path, read_dictionary=dictionaries, pre_buffer=False)
+            for i in range(file.num_row_groups):
+                try:
+                    batches = _row_group(file, i, read, threads)
+                except pa.ArrowNotImplementedError:
+                    # A dictionary that changes inside a column chunk (a writer fell back to
+                    # plain pages) cannot be read as one: read it plain, encode below.
+                    batches = _row_group(pq.ParquetFile(path, pre_buffer=False), i, read, threads)
+                yield [b if b.schema == want else b.cast(want) for b in batches]
+
+    def read(names: list[str]) -> Iterator[pa.RecordBatch]:
+        # The next row group decoded on a thread of its own while the caller works.
+        for batches in read_ahead(row_groups(names), depth=1, name="timeline-read"):
+            yield from batches
+
+    return ArrowScan(read, sources, rows, schema)._renamed()
+
+
+def _row_group(
+    file: pq.ParquetFile, index: int, columns: list[str], threads: int | None
+) -> list[pa.RecordBatch]:
+    return list(
+        file.iter_batches(
+            batch_size=SCAN_BATCH_ROWS, row_groups=[index], columns=columns,
+            use_threads=threads != 1,
+        )
+    )  # fmt: skip
+
+
+def _dictionary_leaves(name: str, t: pa.DataType) -> pa.DataType:
+    """The type the scan reads column `name` of type `t` as (`string_leaves`): nested
+    strings and `action` as dictionaries."""
+    words = pa.dictionary(pa.int32(), pa.string())
+
+    def nested(t: pa.DataType) -> pa.DataType:
+        if pa.types.is_string(t):
+            return words
+        if pa.types.is_map(t):
+            return pa.map_(nested(t.key_type), nested(t.item_type))
+        if pa.types.is_list(t):
+            return pa.list_(t.value_field.with_type(nested(t.value_type)))
+        return t
+
+    if name == "action" and pa.types.is_string(t):
+        return words
+    return t if pa.types.is_string(t) else nested(t)
+
+
+@dataclass
+class DuckScan:
+    """The step columns of the view `steps`, as DuckDB reads them."""
+
+    con: duckdb.DuckDBPyConnection
+    dialect: Dialect
+    sources: dict[str, str]
+    rows: int
+    schema: pa.Schema
+
+    @classmethod
+    def of(cls, con: duckdb.DuckDBPyConnection, columns: StepColumns, dialect: Dialect) -> DuckScan:
+        scan = cls(con, dialect, step_sources(columns), 0, pa.schema([]))
+        scan.schema = con.sql(f"{scan.select()} LIMIT 0").to_arrow_table().schema
+        scan.rows = int(con.execute("SELECT count(*) FROM steps").fetchall()[0][0])
+        return scan
+
+    def select(self, columns: Sequence[str] | None = None) -> str:
+        q = self.dialect.quote
+        names = list(self.sources) if columns is None else list(columns)
+        return f"SELECT {', '.join(f'{q(self.sources[n])} AS {q(n)}' for n in names)} FROM steps"
+
+    def batches(
+        self, columns: Sequence[str] | None = None
+    ) -> Generator[pa.RecordBatch, None, None]:
+        # The connection's own (its temporary tables and registered tables are its own);
+        # one reader at a time, which the sort keeps to.
+        reader = self.con.sql(self.select(columns)).to_arrow_reader(SCAN_BATCH_ROWS)
+        try:
+            yield from reader
+        finally:
+            reader.close()
+
+
+Scan = ArrowScan | DuckScan
+
+
+def string_leaves(schema: pq.ParquetSchema, columns: Collection[str]) -> list[str]:
+    """Parquet paths of the string leaves of `columns` to read as dictionaries, as the file
+    names them (writers differ on nested names): nested ones (feature ids, candidate
+    names) and `action`, whose values are few. Not `mdp_id` nor other top-level strings: a
+    column of many distinct values is cheaper as plain strings (a dictionary as large as
+    the data makes the writer re-encode it for every row group)."""
+    leaves = (schema.column(i) for i in range(len(schema)))
+    return [
+        c.path
+        for c in leaves
+        if c.physical_type == "BYTE_ARRAY"
+        and c.logical_type.type == "STRING"
+        and c.path.split(".")[0] in columns
+        and ("." in c.path or c.path == "action")
+    ]
+
+
+def plain_type(t: pa.DataType) -> pa.DataType:
+    """`t` with every dictionary replaced by its value type (what a reader of the file gets)."""
+    if pa.types.is_dictionary(t):
+        return plain_type(t.value_type)
+    if pa.types.is_map(t):
+        return pa.map_(plain_type(t.key_type), plain_type(t.item_type))
+    if pa.types.is_list(t):
+        return pa.list_(t.value_field.with_type(plain_type(t.value_type)))
+    if pa.types.is_large_list(t):
+        return pa.large_list(t.value_field.with_type(plain_type(t.value_type)))
+    if pa.types.is_fixed_size_list(t):
+        return pa.list_(t.value_field.with_type(plain_type(t.value_type)), t.list_size)
+    return t
+
+
+def plain_schema(schema: pa.Schema) -> pa.Schema:
+    return pa.schema([f.with_type(plain_type(f.type)) for f in schema])
