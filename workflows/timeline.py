@@ -54,16 +54,20 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "--memory-limit",
         "--memory_limit",
         default=DEFAULT_MEMORY_LIMIT,
-        help=f"duckdb: memory it may use before spilling to --temp-dir (default {DEFAULT_MEMORY_LIMIT})",
+        help="duckdb: memory for the steps being sorted (and DuckDB's own) before they spill "
+        f"to --temp-dir (default {DEFAULT_MEMORY_LIMIT})",
     )
     parser.add_argument(
-        "--threads", type=int, default=None, help="duckdb: threads (default: every core)"
+        "--threads",
+        type=int,
+        default=None,
+        help="duckdb: threads of DuckDB and of Arrow's decoding (default: every core)",
     )
     parser.add_argument(
         "--temp-dir",
         "--temp_dir",
         default=None,
-        help="duckdb: where sorts spill (default: the system's temporary directory)",
+        help="duckdb: where the sort spills (default: the system's temporary directory)",
     )
     return parser.parse_args(argv)
 
@@ -89,6 +93,10 @@ def run(args: argparse.Namespace) -> dict[Side, int]:
         )
     from reagent_lite.timeline import duck
 
+    if args.threads is not None:  # Arrow's decoding threads too (this process is ours)
+        import pyarrow
+
+        pyarrow.set_cpu_count(args.threads)
     settings = DuckSettings(args.memory_limit, args.threads, args.temp_dir)
     return duck.write_sides(
         args.input,

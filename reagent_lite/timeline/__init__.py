@@ -1,6 +1,8 @@
-"""Step logs → the training table, on DuckDB (default, one machine) or Spark (a cluster).
+"""Step logs → the training table, on this machine (default: DuckDB and Arrow) or Spark.
 
-The transformation is written once, as SQL (`query.py`); `duck.py` and `spark.py` run it.
+The transformation is written once, as SQL (`query.py`); `spark.py` runs it as written,
+`duck.py` as a sort in Arrow (`buckets.py`) and the pairing of neighbouring rows
+(`pairing.py`), which the tests hold to the SQL's rows.
 """
 
 from reagent_lite.timeline.duck import (

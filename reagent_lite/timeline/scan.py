@@ -1,22 +1,22 @@
-"""Reading a step log as Arrow batches of its step columns, as often as the sort needs.
+"""Reading a step log as Arrow batches of its step columns, as often as the sort asks.
 
-Every source yields batches in the form of the SQL's `step_select` (the log's columns in
-the training table's order, `propensity` renamed `action_probability` where it is the
+Every scan yields batches in the form of the SQL's `step_sources` (the log's columns in the
+training table's order, `propensity` renamed `action_probability` where it is the
 propensity), so the sort and the pairing never see the log's own layout:
 
-* `ArrowScan` (`open_parquet`), a Parquet file or directory read by Arrow row group by row
-  group (one decoded ahead on a thread), which
-  decodes string leaves (feature ids, action names, ids) straight from Parquet's dictionary
-  pages into dictionary arrays: the cheap way to read these rows and to move them (on the
-  benchmark's log ≈ 0.25 CPU-s per million steps to read against ≈ 0.6 for DuckDB's
-  reader, and the sort's `take` ≈ 0.3 against 0.7 for plain strings; benchmarks/RESULTS.md).
-  Used only where Arrow reads every step column with the type DuckDB gives it
-  (`open_parquet`); Hive-style `key=value/` folders, say, are columns only to DuckDB;
-* `DuckScan`, a DuckDB query over the view `steps`: those logs, JSON Lines (parsed once
-  by DuckDB into a temporary table) and tables in memory (`build_training_table`).
+* `open_parquet`: Parquet files read by Arrow row group by row group (the next one decoded
+  on a thread of its own), the strings that repeat (feature ids, candidate and action
+  names) decoded straight from Parquet's dictionary pages as dictionaries: the cheap way
+  to read these rows and to move them (on the benchmark's log ≈ 0.25 CPU-s per million
+  steps to read, against ≈ 0.6 for DuckDB's reader, and the sort's `take` at half the
+  cost of plain strings; benchmarks/RESULTS.md). Only where Arrow reads every step column
+  with the type DuckDB gives it: a Hive-style `key=value/` folder is a column to DuckDB
+  alone, say;
+* `DuckScan`: a DuckDB query over the view `steps` (those logs, JSON Lines parsed once by
+  DuckDB, tables in memory).
 
-Dictionary-typed leaves stay dictionaries through the sort and the Parquet writer (which
-writes their indices as they are); `plain_schema` is what readers of the file get back.
+Dictionaries stay dictionaries through the sort and into the Parquet writer (which writes
+their indices as they are); `plain_schema` gives the types readers of the file get back.
 """
 
 from __future__ import annotations
@@ -42,15 +42,16 @@ _Reader = Callable[[list[str]], Iterator[pa.RecordBatch]]
 class ArrowScan:
     """The step columns of Arrow batches: Parquet files, or a spill file of the sort."""
 
-    read: _Reader  # the given columns of the source, in batches
+    read: _Reader  # the given source columns, in batches
     sources: dict[str, str]  # output name → source column (`step_sources`)
     rows: int
     schema: pa.Schema  # of the batches `batches` yields
 
-    def _renamed(self) -> ArrowScan:
-        fields = [self.schema.field(src).with_name(name) for name, src in self.sources.items()]
-        self.schema = pa.schema(fields)
-        return self
+    @classmethod
+    def of(cls, read: _Reader, sources: dict[str, str], rows: int, own: pa.Schema) -> ArrowScan:
+        """`own`: the schema of the source columns as `read` gives them."""
+        fields = [own.field(src).with_name(name) for name, src in sources.items()]
+        return cls(read, sources, rows, pa.schema(fields))
 
     def batches(
         self, columns: Sequence[str] | None = None
@@ -91,12 +92,12 @@ def open_parquet(
             dictionaries = [leaf for leaf in file_leaves if leaf.split(".")[0] in read]
             file = pq.ParquetFile(path, read_dictionary=dictionaries, pre_buffer=False)
             for i in range(file.num_row_groups):
-                try:
-                    batches = _row_group(file, i, read, threads)
-                except pa.ArrowNotImplementedError:
-                    # A dictionary that changes inside a column chunk (a writer fell back to
-                    # plain pages) cannot be read as one: read it plain, encode below.
-                    batches = _row_group(pq.ParquetFile(path, pre_buffer=False), i, read, threads)
+                # Per row group: a file's row groups have dictionaries of their own, which
+                # Arrow cannot read into one nested array.
+                batches = file.iter_batches(
+                    batch_size=SCAN_BATCH_ROWS, row_groups=[i], columns=read,
+                    use_threads=threads != 1,
+                )  # fmt: skip
                 yield [b if b.schema == want else b.cast(want) for b in batches]
 
     def read(names: list[str]) -> Iterator[pa.RecordBatch]:
@@ -104,18 +105,7 @@ def open_parquet(
         for batches in read_ahead(row_groups(names), depth=1, name="timeline-read"):
             yield from batches
 
-    return ArrowScan(read, sources, rows, schema)._renamed()
-
-
-def _row_group(
-    file: pq.ParquetFile, index: int, columns: list[str], threads: int | None
-) -> list[pa.RecordBatch]:
-    return list(
-        file.iter_batches(
-            batch_size=SCAN_BATCH_ROWS, row_groups=[index], columns=columns,
-            use_threads=threads != 1,
-        )
-    )  # fmt: skip
+    return ArrowScan.of(read, sources, rows, schema)
 
 
 def _dictionary_leaves(name: str, t: pa.DataType) -> pa.DataType:

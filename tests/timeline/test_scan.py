@@ -66,3 +66,22 @@ def test_written_tables_read_back_with_plain_types(steps, tmp_path) -> None:
     assert schema.field("possible_next_actions").type == pa.list_(pa.string())
     assert schema.field("next_action").type == pa.string()
     assert not any(pa.types.is_dictionary(f.type) for f in pq.read_table(out).schema)
+
+
+def test_feature_ids_past_the_dictionary_page_read_like_the_others(tmp_path) -> None:
+    # Many distinct feature ids: the writer's dictionary fills up and later pages of a
+    # column chunk are plain; Arrow's dictionaries change within a row group.
+    import numpy as np
+
+    from benchmarks.bench_timeline import step_log
+
+    steps = step_log(np.random.default_rng(4), 0, 300)
+    maps = [[(f"{i * 7 + j}", float(j)) for j in range(3)] for i in range(steps.num_rows)]
+    steps = steps.set_column(2, "state_features", pa.array(maps, steps.schema.field(2).type))
+    src = tmp_path / "steps.parquet"
+    pq.write_table(steps, src, dictionary_pagesize_limit=2048, data_page_size=2048)
+    encodings = pq.ParquetFile(src).metadata.row_group(0).column(2).encodings
+    assert "PLAIN" in encodings and "RLE_DICTIONARY" in encodings
+    out = tmp_path / "t.parquet"
+    write_sides(src, {"all": out}, eval_fraction=0.0, seed=0, settings=DuckSettings())
+    assert pq.read_table(out).to_pylist() == oracle(steps, 0.0)[0]
