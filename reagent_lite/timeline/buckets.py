@@ -81,30 +81,32 @@ def _buckets(scan: Scan, settings: SortSettings, depth: int) -> Iterator[_Load]:
     if first is None:
         return
     size = first.nbytes / max(first.num_rows, 1) * scan.rows
-    if size <= settings.memory_limit / 2:
-        held = [first, *batches]
-        yield lambda: _combined(held)
-        return
     batches.close()
+    if size <= settings.memory_limit / 2:
+        yield _held(scan)
+        return
     count = min(_MAX_BUCKETS, math.ceil(size / (settings.memory_limit / 4)))
     bounds = _bounds(scan, count)
     if len(bounds) == 0:  # one id (one huge episode): nothing to split it by
-        yield lambda: _combined(list(scan.batches()))
+        yield _held(scan)
         return
     for path, rows in _partition(scan, bounds, settings.spill_dir / f"level-{depth}"):
         bucket = _spilled(path, rows, scan.schema)
         if rows == scan.rows:  # the bounds did not split it (one dominant id): hold it
-            yield lambda bucket=bucket: _combined(list(bucket.batches()))  # type: ignore[misc]
+            yield _held(bucket)
         else:
             yield from _buckets(bucket, settings, depth + 1)
 
 
-def _combined(batches: list[pa.RecordBatch]) -> pa.Table:
-    """One table of `batches`, each column one array (a `take` from many chunks is ~3×
-    slower); `batches` is emptied, so its memory goes as the table is made."""
-    table = pa.Table.from_batches(batches)
-    batches.clear()
-    return table.combine_chunks()
+def _held(scan: Scan) -> _Load:
+    """Loads every row of `scan` as one table, each column one array (a `take` from many
+    chunks is ~3× slower)."""
+
+    def load() -> pa.Table:
+        table = pa.Table.from_batches(list(scan.batches()))
+        return table.combine_chunks()
+
+    return load
 
 
 def _bounds(scan: Scan, count: int) -> pa.Array:
@@ -246,13 +248,9 @@ def _id_ranks(ids: pa.Array) -> np.ndarray:
     rank = np.empty(len(values), np.int64)
     rank[order] = np.cumsum(first) - 1
     indices = encoded.indices
-    codes = (
-        rank[pc.fill_null(indices, 0).to_numpy(zero_copy_only=False)]
-        if len(values)
-        else (np.zeros(len(indices), np.int64))
-    )
-    if indices.null_count:
-        codes[indices.is_null().to_numpy(zero_copy_only=False)] = -1
+    codes = np.full(len(indices), -1, np.int64)  # nulls
+    valid = indices.is_valid().to_numpy(zero_copy_only=False)
+    codes[valid] = rank[indices.drop_null().to_numpy()]
     return codes
 
 

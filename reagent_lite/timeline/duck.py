@@ -273,8 +273,8 @@ def stream_transitions(
     settings = SortSettings(
         memory_limit_bytes(con) or 2**30, Path(spill) / "buckets", max(1, run_rows)
     )
-    ordered = [s for s in ("all", "train", "eval") if s in sides]
-    runs = sorted_runs(scan, ordered, flags, settings)  # type: ignore[arg-type]
+    ordered: list[Side] = [s for s in ("all", "train", "eval") if s in sides]
+    runs = sorted_runs(scan, ordered, flags, settings)
     batches = ((run.side, transitions(run.steps, run.has_next, layout)) for run in runs)
     return layout, read_ahead(batches, name="timeline-sort", interrupt=con.interrupt)
 
