@@ -33,6 +33,13 @@ MIN_FEATURE_VALUE = -MAX_FEATURE_VALUE
 PROBABILITY_CLAMP = 0.01
 # CONTINUOUS_ACTION maps [min, max] onto [-1 + EPS, 1 - EPS].
 EPS = 1e-6
+# `normalize_rows` pads each chunk to a multiple of this many rows before `forward`. ATen
+# computes a transcendental op (pow, log) over a run of values with vector code but the
+# run's last few elements (its length modulo twice the vector width) with scalar code,
+# which can differ in the last bit (AVX-512: Sleef's powf against glibc's): a row's
+# values would then depend on the rows normalized beside it (prepared row groups and
+# streamed windows chunk a shard differently). Padded, every value takes the vector code.
+_VECTOR_ROWS = 128
 
 _TYPE_ORDER = list(FeatureType)
 
@@ -286,5 +293,8 @@ class Preprocessor(nn.Module):
                 y.sub_(affine[0]).div_(affine[1]).clamp_(MIN_FEATURE_VALUE, MAX_FEATURE_VALUE)
                 y.nan_to_num_(nan=0.0)
             else:
+                rows = x.shape[0]
+                if pad := -rows % _VECTOR_ROWS:  # absent features in the padding rows
+                    x = torch.cat([x, x.new_full((pad, x.shape[1]), float("nan"))])
                 present = ~torch.isnan(x)
-                out[s : s + chunk_rows] = self(x, present.to(torch.float32))
+                out[s : s + chunk_rows] = self(x, present.to(torch.float32))[:rows]
