@@ -84,6 +84,10 @@ def run(args: argparse.Namespace) -> dict[Side, int]:
         raise ConfigError(f"--eval-fraction: {args.eval_fraction} is not in [0, 1)")
     if args.threads is not None and args.threads < 1:
         raise ConfigError(f"--threads: {args.threads}; expected at least 1")
+    if args.eval_output and Path(args.eval_output).resolve() == Path(args.output).resolve():
+        raise ConfigError(
+            f"--eval-output: {args.eval_output} is also --output; expected two different files"
+        )
     outputs = _outputs(args)
     if args.engine == "spark":
         from reagent_lite.timeline import spark

@@ -17,13 +17,15 @@ def read_ahead(
     depth: int = 2,
     name: str = "timeline-ahead",
     interrupt: Callable[[], None] | None = None,
+    stop: threading.Event | None = None,
 ) -> Generator[T, None, None]:
     """`items`, made by a thread up to `depth` ahead while the caller uses the last one
     (Arrow and DuckDB release the GIL while they work). An error there is raised here. A
-    caller that stops early (an error, Ctrl-C, `close()`) calls `interrupt` (say, to stop
-    a DuckDB query) and the thread stops at its next item, closing `items`."""
+    caller that stops early (an error, Ctrl-C, `close()`) sets `stop` (which long work
+    inside `items` may watch), calls `interrupt` (say, to stop a DuckDB query), and the
+    thread stops at its next item, closing `items`."""
     ready: queue.Queue[object] = queue.Queue(maxsize=depth)
-    stop = threading.Event()
+    stop = stop if stop is not None else threading.Event()
 
     def put(item: object) -> bool:
         while not stop.is_set():

@@ -24,6 +24,7 @@ of `transitions_sql`'s final `ORDER BY`.
 from __future__ import annotations
 
 import math
+import threading
 from collections.abc import Callable, Collection, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,6 +33,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from reagent_lite.errors import DataError
 from reagent_lite.timeline.pairing import check_steps
 from reagent_lite.timeline.query import Side
 from reagent_lite.timeline.scan import ArrowScan, Scan
@@ -42,6 +44,11 @@ EvalFlags = Callable[[pa.Array], np.ndarray]
 _SAMPLES_PER_BUCKET = 1024
 # Buckets per pass: open spill files, and slices per batch, stay few; more levels beyond.
 _MAX_BUCKETS = 256
+# The most a bucket holds, whatever the memory limit: each of its columns becomes one
+# Arrow array, whose 32-bit offsets address at most 2 GiB (a text column, say).
+_MAX_BUCKET_BYTES = 2**30
+# Bytes of steps per run, at most (unless one episode is larger).
+_RUN_BYTES = 8 * 2**20
 
 
 @dataclass(frozen=True)
@@ -57,7 +64,16 @@ class Run:
 class SortSettings:
     memory_limit: int  # bytes of steps the sort may hold (it spills beyond half of them)
     spill_dir: Path  # where buckets spill (the caller removes it)
-    run_rows: int  # rows per run, at least (whole episodes)
+    run_rows: int  # rows per run, at least (whole episodes), unless rows are wide
+    stop: threading.Event | None = None  # set: stop at the next batch (`Stopped`)
+
+    def check(self) -> None:
+        if self.stop is not None and self.stop.is_set():
+            raise Stopped("the timeline's sort was stopped")
+
+
+class Stopped(Exception):
+    """The sort's caller asked it to stop (Ctrl-C, an error elsewhere)."""
 
 
 def sorted_runs(
@@ -68,56 +84,75 @@ def sorted_runs(
     `eval_flags` is needed unless `sides` is `all`."""
     for load in _buckets(scan, settings, depth=0):
         # Loaded here, so one bucket is held at a time (the last one freed before).
-        yield from _runs(load(), sides, eval_flags, settings.run_rows)
+        table = load()
+        # Wide rows make shorter runs: the runs in flight stay small.
+        row_bytes = table.nbytes / max(table.num_rows, 1)
+        run_rows = int(min(settings.run_rows, max(1, _RUN_BYTES // max(row_bytes, 1))))
+        yield from _runs(table, sides, eval_flags, run_rows)
+        del table
 
 
 _Load = Callable[[], pa.Table]
 
 
 def _buckets(scan: Scan, settings: SortSettings, depth: int) -> Iterator[_Load]:
-    """The log's buckets in id order, each as the function that loads it."""
+    """The log's buckets in id order, each as the function that loads it. Rows are held
+    until they outgrow the budget; then the log is split (read again) and spilled."""
+    budget = min(settings.memory_limit / 2, _MAX_BUCKET_BYTES)
+    held: list[pa.RecordBatch] = []
+    size = seen = 0
     batches = scan.batches()
-    first = next(batches, None)
-    if first is None:
+    for batch in batches:
+        settings.check()
+        held.append(batch)
+        size, seen = size + batch.nbytes, seen + batch.num_rows
+        if size > budget:
+            break
+    else:
+        if held:
+            yield _loader(held)
         return
-    size = first.nbytes / max(first.num_rows, 1) * scan.rows
     batches.close()
-    if size <= settings.memory_limit / 2:
-        yield _held(scan)
-        return
-    count = min(_MAX_BUCKETS, math.ceil(size / (settings.memory_limit / 4)))
-    bounds = _bounds(scan, count)
+    held.clear()
+    # Buckets of half the budget (a bucket twice the estimate still fits).
+    estimate = size / seen * scan.rows
+    count = min(_MAX_BUCKETS, max(2, math.ceil(estimate / (budget / 2))))
+    bounds = _bounds(scan, count, settings)
     if len(bounds) == 0:  # one id (one huge episode): nothing to split it by
-        yield _held(scan)
+        yield _loader(list(scan.batches()))
         return
-    for path, rows in _partition(scan, bounds, settings.spill_dir / f"level-{depth}"):
+    for path, rows in _partition(scan, bounds, settings, depth):
         bucket = _spilled(path, rows, scan.schema)
         if rows == scan.rows:  # the bounds did not split it (one dominant id): hold it
-            yield _held(bucket)
+            yield _loader(list(bucket.batches()))
         else:
             yield from _buckets(bucket, settings, depth + 1)
 
 
-def _held(scan: Scan) -> _Load:
-    """Loads every row of `scan` as one table, each column one array (a `take` from many
-    chunks is ~3× slower)."""
+def _loader(batches: list[pa.RecordBatch]) -> _Load:
+    """Loads `batches` as one table, each column one array (a `take` from many chunks is
+    ~3× slower), letting go of the batches as it does."""
 
     def load() -> pa.Table:
-        table = pa.Table.from_batches(list(scan.batches()))
+        table = pa.Table.from_batches(batches)
+        batches.clear()
         return table.combine_chunks()
 
     return load
 
 
-def _bounds(scan: Scan, count: int) -> pa.Array:
+def _bounds(scan: Scan, count: int, settings: SortSettings) -> pa.Array:
     """Up to `count - 1` distinct ids, ascending, that cut a sample of the rows' ids into
     `count` parts of about equal size (a bucket holds the ids from one bound to the next)."""
     step = max(1, scan.rows // (count * _SAMPLES_PER_BUCKET))
     samples, seen = [], 0
     for batch in scan.batches(["mdp_id"]):
+        settings.check()
         ids = batch.column(0)
-        picked = ids.take(pa.array(np.arange((-seen) % step, len(ids), step)))
-        samples.append(_plain(picked).drop_null())
+        picked = _plain(ids.take(pa.array(np.arange((-seen) % step, len(ids), step))))
+        if pa.types.is_floating(picked.type):
+            picked = picked.filter(pc.invert(pc.is_nan(picked)))  # NaN: its own last bucket
+        samples.append(picked.drop_null())
         seen += len(ids)
     ids = pa.concat_arrays(samples) if samples else pa.array([])
     ids = ids.take(pc.sort_indices(ids))
@@ -144,12 +179,17 @@ def _bucket_of(ids: pa.Array, bounds: pa.Array) -> np.ndarray:
         above = pc.fill_null(pc.greater_equal(ids, probe), False).to_numpy(zero_copy_only=False)
         lo = np.where(active & above, mid + 1, lo)
         hi = np.where(active & ~above, mid, hi)
+    if pa.types.is_floating(ids.type):  # NaN sorts after every number: the last bucket
+        lo[pc.fill_null(pc.is_nan(ids), False).to_numpy(zero_copy_only=False)] = len(bounds)
     return lo
 
 
-def _partition(scan: Scan, bounds: pa.Array, folder: Path) -> Iterator[tuple[Path, int]]:
+def _partition(
+    scan: Scan, bounds: pa.Array, settings: SortSettings, depth: int
+) -> Iterator[tuple[Path, int]]:
     """Deal the log's rows to one spill file per bucket; each file and its row count, in
     bucket order (the files are deleted as they are read back)."""
+    folder = settings.spill_dir / f"level-{depth}"
     folder.mkdir(parents=True, exist_ok=True)
     count = len(bounds) + 1
     paths = [folder / f"bucket-{k:05d}.arrow" for k in range(count)]
@@ -158,6 +198,7 @@ def _partition(scan: Scan, bounds: pa.Array, folder: Path) -> Iterator[tuple[Pat
     try:
         writers = [pa.ipc.new_stream(sink, scan.schema) for sink in sinks]
         for batch in scan.batches():
+            settings.check()
             bucket = _bucket_of(batch.column("mdp_id"), bounds)
             sizes = np.bincount(bucket, minlength=count)
             dealt = batch.take(pa.array(np.argsort(bucket, kind="stable")))
@@ -194,7 +235,13 @@ def _runs(
     n = table.num_rows
     ids = table.column("mdp_id").combine_chunks()
     codes = _id_ranks(ids)
-    seq = pc.fill_null(pc.cast(table.column("sequence_number"), pa.int64()), 0).to_numpy()
+    try:
+        seq = pc.fill_null(pc.cast(table.column("sequence_number"), pa.int64()), 0).to_numpy()
+    except pa.ArrowInvalid as err:  # an unsigned 64-bit number beyond 2^63
+        raise DataError(
+            f"column 'sequence_number': a value beyond the 64-bit signed range ({err}); "
+            "expected sequence numbers below 2^63"
+        ) from err
     order = _order(codes, seq)
     codes, seq = codes[order], seq[order]
     check_steps(table, order, codes, seq)

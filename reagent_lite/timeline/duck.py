@@ -19,6 +19,7 @@ import os
 import re
 import shutil
 import tempfile
+import threading
 from collections.abc import Callable, Collection, Generator, Iterator
 from contextlib import closing, contextmanager
 from dataclasses import dataclass
@@ -43,7 +44,7 @@ from reagent_lite.timeline.query import (
     raise_for_checks,
     split_condition,
 )
-from reagent_lite.timeline.scan import DuckScan, Scan, open_parquet
+from reagent_lite.timeline.scan import DuckScan, ReadError, Scan, open_parquet
 from reagent_lite.timeline.tables import ROW_GROUP_SIZE, TableFile
 
 DEFAULT_MEMORY_LIMIT = "1GB"
@@ -133,7 +134,12 @@ def memory_limit_bytes(con: duckdb.DuckDBPyConnection) -> int | None:
 @contextmanager
 def connect(settings: DuckSettings) -> Iterator[duckdb.DuckDBPyConnection]:
     """An in-memory DuckDB connection that spills to a private temporary directory."""
-    spill = tempfile.mkdtemp(prefix="reagent-timeline-", dir=settings.temp_dir)
+    try:
+        spill = tempfile.mkdtemp(prefix="reagent-timeline-", dir=settings.temp_dir)
+    except OSError as err:
+        raise _flag_error(
+            "--temp-dir", settings.temp_dir, "a directory it can write in", err
+        ) from err
     con = duckdb.connect(":memory:")
     try:
         try:
@@ -270,13 +276,14 @@ def stream_transitions(
     layout = Layout.of(scan.schema, columns)
     flags = None if set(sides) == {"all"} else eval_flags(con, eval_fraction, seed)
     spill = str(setting(con, "temp_directory"))
+    stop = threading.Event()  # set when the caller stops early: the sort stops soon after
     settings = SortSettings(
-        memory_limit_bytes(con) or 2**30, Path(spill) / "buckets", max(1, run_rows)
+        memory_limit_bytes(con) or 2**30, Path(spill) / "buckets", max(1, run_rows), stop
     )
     ordered: list[Side] = [s for s in ("all", "train", "eval") if s in sides]
     runs = sorted_runs(scan, ordered, flags, settings)
     batches = ((run.side, transitions(run.steps, run.has_next, layout)) for run in runs)
-    return layout, read_ahead(batches, name="timeline-sort", interrupt=con.interrupt)
+    return layout, read_ahead(batches, name="timeline-sort", interrupt=con.interrupt, stop=stop)
 
 
 @contextmanager
@@ -380,7 +387,9 @@ def _write(
             table_file.finish()
         for table_file in files.values():
             table_file.publish()
-    except DataError as err:  # from pairing: name the input
+    except ReadError:  # names its file already
+        raise
+    except DataError as err:  # from the sort or the pairing: name the input
         raise DataError(f"{input_path}: {err}") from err
     except (duckdb.Error, pa.ArrowException, OSError) as err:
         if _out_of_memory(err):

@@ -75,9 +75,12 @@ def transitions(steps: pa.RecordBatch, has_next: np.ndarray, layout: Layout) -> 
     try:  # only a step and the next one of its episode are subtracted, as `LEAD` does
         gaps = pc.subtract_checked(pc.if_else(following, later, seq), seq)
     except pa.ArrowInvalid as err:  # the SQL fails likewise ("Overflow in subtraction")
+        values = seq.to_numpy().astype(np.float64)
+        wide = has_next[:-1] & (np.abs(values[1:] - values[:-1]) >= 2.0**63)
+        row = int(np.argmax(wide)) if wide.any() else 0
         raise DataError(
             "column 'sequence_number': the gap between two steps of one episode does not "
-            f"fit a 64-bit integer (near mdp_id={steps.column('mdp_id')[0]}) ({err})"
+            f"fit a 64-bit integer (expected gaps below 2^63); e.g. {_example(steps, row)}"
         ) from err
     columns["time_diff"] = pc.if_else(following, gaps, pa.scalar(1, pa.int64()))
     return pa.RecordBatch.from_arrays(
@@ -114,7 +117,7 @@ def check_steps(table: pa.Table, order: np.ndarray, ids: np.ndarray, seq: np.nda
         )
 
 
-def _example(table: pa.Table, row: int) -> str:
+def _example(table: pa.Table | pa.RecordBatch, row: int) -> str:
     """Row `row` named as in the checks' messages (`query.ROW_EXAMPLE`)."""
     key = [table.column(c)[row].as_py() for c in ("mdp_id", "sequence_number")]
     mdp_id, seq = ("null" if v is None else v for v in key)
@@ -130,13 +133,18 @@ def _next_values(own: pa.Array, has_next: np.ndarray, end: Terminal) -> pa.Array
     if end == "null":  # a null index takes a null
         return own.take(nulls)
     if end == "empty":
-        # Taken with nulls at the ends, whose lists are then empty: the same offsets and
-        # values without the validity bitmap are the lists with empty ends.
+        # Taken with nulls at the ends, whose lists are then empty: rebuilt from the same
+        # offsets and values, null only where the next step's own value is null.
         taken = own.take(nulls)
+        next_null = np.zeros(n, bool)
+        next_null[:-1] = own.is_null().to_numpy(zero_copy_only=False)[1:]
+        offsets = pa.array(taken.offsets.to_numpy(), mask=np.r_[has_next & next_null, False]).cast(
+            taken.offsets.type
+        )  # a null offset makes its list null
         if pa.types.is_map(own.type):
-            return pa.MapArray.from_arrays(taken.offsets, taken.keys, taken.items, type=own.type)
+            return pa.MapArray.from_arrays(offsets, taken.keys, taken.items, type=own.type)
         list_cls = pa.LargeListArray if pa.types.is_large_list(own.type) else pa.ListArray
-        return list_cls.from_arrays(taken.offsets, taken.values, type=own.type)
+        return list_cls.from_arrays(offsets, taken.values, type=own.type)
     # zeros: a list of zeros as long as each row's own (null stays null), of its own type.
     child = own.type.value_type
     if pa.types.is_fixed_size_list(own.type):

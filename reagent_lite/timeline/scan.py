@@ -29,13 +29,20 @@ import duckdb
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from reagent_lite.errors import DataError
 from reagent_lite.timeline.ahead import read_ahead
 from reagent_lite.timeline.query import Dialect, StepColumns, step_sources
 
-# Rows per batch a scan yields: per-batch work amortised, the batches in flight small.
+# Rows per batch a scan yields, at most, and bytes (the batches in flight stay small
+# whatever the rows' width): per-batch work amortised.
 SCAN_BATCH_ROWS = 65_536
+SCAN_BATCH_BYTES = 16 * 2**20
 
 _Reader = Callable[[list[str]], Iterator[pa.RecordBatch]]
+
+
+class ReadError(DataError):
+    """A file of the log cannot be read (damaged data): the message names the file."""
 
 
 @dataclass
@@ -86,26 +93,38 @@ def open_parquet(
     schema = pa.schema([f.with_type(_dictionary_leaves(f.name, f.type)) for f in own])
     rows = sum(f.metadata.num_rows for f in opened)
 
-    def row_groups(read: list[str]) -> Iterator[list[pa.RecordBatch]]:
+    def decoded(read: list[str]) -> Iterator[pa.RecordBatch]:
         want = pa.schema([schema.field(c) for c in read])
-        for path, file_leaves in zip(files, leaves, strict=True):
+        for path, file, file_leaves in zip(files, opened, leaves, strict=True):
             dictionaries = [leaf for leaf in file_leaves if leaf.split(".")[0] in read]
-            file = pq.ParquetFile(path, read_dictionary=dictionaries, pre_buffer=False)
-            for i in range(file.num_row_groups):
+            reader = pq.ParquetFile(path, read_dictionary=dictionaries, pre_buffer=False)
+            rows = _batch_rows(file.metadata)
+            for i in range(reader.num_row_groups):
                 # Per row group: a file's row groups have dictionaries of their own, which
                 # Arrow cannot read into one nested array.
-                batches = file.iter_batches(
-                    batch_size=SCAN_BATCH_ROWS, row_groups=[i], columns=read,
-                    use_threads=threads != 1,
-                )  # fmt: skip
-                yield [b if b.schema == want else b.cast(want) for b in batches]
+                batches = reader.iter_batches(
+                    batch_size=rows, row_groups=[i], columns=read, use_threads=threads != 1
+                )
+                try:
+                    for batch in batches:
+                        yield batch if batch.schema == want else batch.cast(want)
+                except (OSError, pa.ArrowException) as err:
+                    first = (str(err).strip().splitlines() or [type(err).__name__])[0]
+                    raise ReadError(f"{path}: row group {i} cannot be read ({first})") from err
 
     def read(names: list[str]) -> Iterator[pa.RecordBatch]:
-        # The next row group decoded on a thread of its own while the caller works.
-        for batches in read_ahead(row_groups(names), depth=1, name="timeline-read"):
-            yield from batches
+        # The next batches decoded on a thread of their own while the caller works.
+        yield from read_ahead(decoded(names), depth=2, name="timeline-read")
 
     return ArrowScan.of(read, sources, rows, schema)
+
+
+def _batch_rows(meta: pq.FileMetaData) -> int:
+    """Rows per batch for a file: about `SCAN_BATCH_BYTES` of its decoded data (by its row
+    groups' sizes), so that wide rows do not make large batches; at most SCAN_BATCH_ROWS."""
+    size = sum(meta.row_group(i).total_byte_size for i in range(meta.num_row_groups))
+    per_row = size / max(meta.num_rows, 1)
+    return int(min(SCAN_BATCH_ROWS, max(1, SCAN_BATCH_BYTES // max(per_row, 1))))
 
 
 def _dictionary_leaves(name: str, t: pa.DataType) -> pa.DataType:

@@ -54,9 +54,9 @@ def test_spilled_buckets_give_the_order_of_one_bucket_in_memory(log, tmp_path, m
     passes: list[int] = []
     partition = buckets._partition
 
-    def counted(scan, bounds, folder):
+    def counted(scan, bounds, settings, depth):
         passes.append(len(bounds) + 1)
-        yield from partition(scan, bounds, folder)
+        yield from partition(scan, bounds, settings, depth)
 
     monkeypatch.setattr(buckets, "_partition", counted)
     held = run_sides(log, tmp_path / "held", 2**30)
@@ -143,3 +143,117 @@ def test_order_beyond_32_bit_sequence_gaps_is_the_same_order():
     want = [3, 1, 2, 0, 4]
     assert buckets._order(codes, small).tolist() == want
     assert buckets._order(codes, huge).tolist() == want
+
+
+def test_a_stop_ends_the_partition_pass_at_the_next_batch(log, tmp_path):
+    # Ctrl-C during a long partition pass: the sort stops within a batch, not at its end.
+    import threading
+
+    from reagent_lite.timeline.buckets import Stopped
+
+    stop = threading.Event()
+    read = []
+    with connect(DuckSettings(threads=2)) as con:
+        _, scan = open_steps(con, log)
+        batches = scan.batches
+
+        def counted(columns=None):
+            for batch in batches(columns):
+                read.append(batch.num_rows)
+                if len(read) == 6:  # 1 held, 4 for the bounds, then the partition pass
+                    stop.set()
+                yield batch
+
+        scan.batches = counted  # type: ignore[method-assign]
+        settings = SortSettings(200_000, tmp_path / "spill", 500, stop)
+        with pytest.raises(Stopped):
+            list(sorted_runs(scan, ["all"], None, settings))
+    assert len(read) == 6
+
+
+def _wide_and_narrow(tmp_path: Path, narrow_first: bool) -> Path:
+    """Two files of one log: 1,000 episodes of rows without features, 5,000 of rows with
+    40 (≈ 1 kB each); the narrow file first or last."""
+    base = step_log(np.random.default_rng(13), 0, 6_000)
+    ids = np.array([int(m[3:]) for m in base.column("mdp_id").to_pylist()])
+    fmap = base.schema.field("state_features").type
+    n = base.num_rows
+    wide = pa.array([{str(j): float(j) for j in range(40)}] * n, fmap)
+    base = base.set_column(2, "state_features", wide)
+    narrow = base.filter(pa.array(ids < 1_000))
+    narrow = narrow.set_column(2, "state_features", pa.array([{}] * narrow.num_rows, fmap))
+    parts = [narrow, base.filter(pa.array(ids >= 1_000))]
+    folder = tmp_path / ("narrow-first" if narrow_first else "wide-first")
+    folder.mkdir()
+    for k, part in enumerate(parts if narrow_first else parts[::-1]):
+        pq.write_table(part, folder / f"part-{k}.parquet", row_group_size=2_000)
+    return folder
+
+
+@pytest.mark.parametrize("narrow_first", [True, False])
+def test_buckets_stay_within_the_budget_whatever_rows_come_first(
+    tmp_path, monkeypatch, narrow_first
+):
+    # The decision to spill follows the bytes held, not an estimate from the first rows.
+    loaded: list[int] = []
+    loader = buckets._loader
+
+    def sized(batches):
+        load = loader(batches)
+
+        def measured():
+            table = load()
+            loaded.append(table.nbytes)
+            return table
+
+        return measured
+
+    monkeypatch.setattr(buckets, "_loader", sized)
+    src = _wide_and_narrow(tmp_path, narrow_first)
+    limit = 16_000_000
+    got = run_sides(src, tmp_path / "spill", limit)
+    assert len(loaded) > 4 and max(loaded) <= limit / 2
+    assert got == run_sides(src, tmp_path / "held", 2**30)
+
+
+def test_a_bucket_never_holds_more_than_its_cap(log, tmp_path, monkeypatch):
+    # Whatever the limit: a column of a bucket is one array with 32-bit offsets (2 GiB).
+    monkeypatch.setattr(buckets, "_MAX_BUCKET_BYTES", 1_000_000)
+    loaded: list[int] = []
+    loader = buckets._loader
+    monkeypatch.setattr(
+        buckets,
+        "_loader",
+        lambda batches: loaded.append(sum(b.nbytes for b in batches)) or loader(batches),
+    )
+    got = run_sides(log, tmp_path / "capped", 2**40)
+    assert len(loaded) > 2 and max(loaded) <= 1_000_000 + 400_000  # a batch over, at most
+    monkeypatch.setattr(buckets, "_MAX_BUCKET_BYTES", 2**30)
+    assert got == run_sides(log, tmp_path / "held", 2**40)
+
+
+def test_nan_ids_sort_last_spilled_or_held(tmp_path):
+    table = step_log(np.random.default_rng(14), 0, 400)
+    ids = np.array([float(m[3:]) for m in table.column("mdp_id").to_pylist()])
+    ids[ids == 7] = np.nan  # one whole episode with a NaN id (NaN ids are one episode)
+    table = table.set_column(0, "mdp_id", pa.array(ids))
+    src = tmp_path / "steps.parquet"
+    pq.write_table(table, src)
+    held = run_sides(src, tmp_path / "held", 2**30)
+    spilled = run_sides(src, tmp_path / "spilled", 200_000)
+
+    def ids(result: dict) -> dict:  # NaN != NaN: compare the ids as text
+        return {side: [str(r["mdp_id"]) for r in rows] for side, rows in result["rows"].items()}
+
+    assert ids(spilled) == ids(held)
+    rows = ids(held)["train"] + ids(held)["eval"]
+    assert "nan" in rows
+    for side in ("train", "eval"):  # NaN last on its side
+        side_ids = ids(held)[side]
+        if "nan" in side_ids:
+            assert set(side_ids[side_ids.index("nan") :]) == {"nan"}
+    assert buckets._bucket_of(pa.array([np.nan, 1.0, None]), pa.array([0.5, 2.0])).tolist() == [
+        2,
+        1,
+        0,
+    ]

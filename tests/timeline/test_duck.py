@@ -185,3 +185,38 @@ def test_default_threads_leave_each_thread_128_mib_of_the_memory_limit() -> None
     assert _default_threads(con) == 64
     con.execute("SET memory_limit = '10MB'")
     assert _default_threads(con) == 1
+
+
+def test_a_damaged_data_page_exits_3_naming_the_file_and_row_group(steps, tmp_path) -> None:
+    src = tmp_path / "steps.parquet"
+    pq.write_table(steps, src, row_group_size=300)
+    meta = pq.ParquetFile(src).metadata
+    offset = meta.row_group(2).column(2).data_page_offset
+    data = bytearray(src.read_bytes())
+    data[offset + 10 : offset + 200] = b"\x5a" * 190
+    src.write_bytes(bytes(data))
+    rc, text = run_cli("--input", str(src), "--output", str(tmp_path / "t.parquet"))
+    assert rc == 3, text
+    assert (
+        text.startswith(f"error: {src}: row group 2 cannot be read (") and "Traceback" not in text
+    )
+    assert not (tmp_path / "t.parquet").exists() and not list(tmp_path.glob(".*tmp*"))
+
+
+def test_the_same_path_for_both_tables_is_refused(steps, tmp_path) -> None:
+    pq.write_table(steps, tmp_path / "s.parquet")
+    out = str(tmp_path / "t.parquet")
+    rc, text = run_cli(
+        "--input", str(tmp_path / "s.parquet"), "--output", out, "--eval-output", out
+    )
+    assert rc == 2 and "--eval-output" in text and "--output" in text, text
+    assert not (tmp_path / "t.parquet").exists()
+
+
+def test_a_missing_temp_dir_is_a_flag_error(steps, tmp_path) -> None:
+    pq.write_table(steps, tmp_path / "s.parquet")
+    rc, text = run_cli(
+        "--input", str(tmp_path / "s.parquet"), "--output", str(tmp_path / "t.parquet"),
+        "--temp-dir", str(tmp_path / "nowhere"),
+    )  # fmt: skip
+    assert rc == 2 and "--temp-dir" in text and "nowhere" in text and "Traceback" not in text, text

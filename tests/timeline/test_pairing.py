@@ -136,17 +136,22 @@ def test_row_groups_are_full_whatever_the_batches(tmp_path) -> None:
 
 
 def test_a_gap_beyond_64_bits_is_a_data_error(tmp_path) -> None:
-    steps = dense_parametric_steps(np.random.default_rng(5), 3).slice(0, 2)
-    steps = steps.set_column(0, "mdp_id", pa.array([1, 1]))
-    steps = steps.set_column(
-        1, "sequence_number", pa.array([-(2**62 + 2**61), 2**62 + 2**61], pa.int64())
-    )
-    pq.write_table(steps, tmp_path / "steps.parquet")
-    with pytest.raises(DataError, match=r"steps\.parquet: column 'sequence_number': the gap"):
-        write_sides(
-            tmp_path / "steps.parquet", {"all": tmp_path / "t.parquet"}, eval_fraction=0.0,
-            seed=0, settings=DuckSettings(threads=1),
-        )  # fmt: skip
+    # Steps 2^63 apart: fine in two episodes (never subtracted), an error within one,
+    # naming that episode.
+    steps = dense_parametric_steps(np.random.default_rng(5), 3).slice(0, 3)
+    far = [-(2**62 + 2**61), 2**62 + 2**61, 2**62 + 2**61]
+    steps = steps.set_column(1, "sequence_number", pa.array(far, pa.int64()))
+    src, out = tmp_path / "steps.parquet", tmp_path / "t.parquet"
+    settings = DuckSettings(threads=1)
+    pq.write_table(steps.set_column(0, "mdp_id", pa.array([0, 1, 2])), src)
+    write_sides(src, {"all": out}, eval_fraction=0.0, seed=0, settings=settings)
+    assert pq.read_table(out).column("time_diff").to_pylist() == [1, 1, 1]
+    out.unlink()
+    pq.write_table(steps.set_column(0, "mdp_id", pa.array([7, 7, 9])), src)
+    with pytest.raises(DataError) as err:
+        write_sides(src, {"all": out}, eval_fraction=0.0, seed=0, settings=settings)
+    assert str(err.value).startswith(f"{src}: column 'sequence_number': the gap")
+    assert f"mdp_id=7, sequence_number={far[0]}" in str(err.value)
     assert not list(tmp_path.glob("*t.parquet*"))  # neither the table nor its temporary file
 
 
@@ -284,3 +289,24 @@ def test_a_nan_propensity_is_refused(steps, tmp_path, outputs) -> None:
     assert f"mdp_id={row['mdp_id']}, sequence_number={row['sequence_number']}" in message
     assert "value=nan" in message.lower()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["steps.parquet"]
+
+
+@pytest.mark.parametrize("memory_limit", ["1GB", "4MB"])
+def test_null_maps_and_lists_of_the_next_step_stay_null(steps, tmp_path, memory_limit) -> None:
+    # A step whose state_features or possible_actions is null: the step before it has a
+    # null next value (LEAD of a null), not an empty one; terminal rows stay empty.
+    logs = _set(steps, "state_features", 10, None)
+    logs = _set(logs, "possible_actions", 20, None)
+    logs = _set(logs, "possible_actions", 30, None)
+    src = write_parts(logs, tmp_path / "steps")
+    out = tmp_path / "all.parquet"
+    settings = DuckSettings(memory_limit=memory_limit, threads=2)
+    write_sides(src, {"all": out}, eval_fraction=0.0, seed=5, settings=settings, run_rows=7)
+    with connect(DuckSettings(threads=2)) as con:  # the SQL's window needs more than 4MB
+        want = sql_tables(con, open_steps(con, src)[0], ("all",), 0.0)["all"]
+    got = pq.read_table(out)
+    assert got.to_pylist() == want.to_pylist()
+    rows = got.to_pylist()
+    assert sum(r["next_state_features"] is None for r in rows) >= 1
+    assert sum(r["possible_next_actions"] is None for r in rows) >= 1
+    assert any(r["possible_next_actions"] == [] for r in rows)  # terminal rows
