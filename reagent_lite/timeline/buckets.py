@@ -106,7 +106,9 @@ def _buckets(scan: Scan, settings: SortSettings, depth: int) -> Iterator[_Load]:
         settings.check()
         held.append(batch)
         size, seen = size + batch.nbytes, seen + batch.num_rows
-        if size > budget:
+        # Stop holding once over the budget, or as soon as the rows so far say the log is
+        # larger (rather than read up to half of the limit twice).
+        if size > budget or size / seen * scan.rows > budget:
             break
     else:
         if held:
