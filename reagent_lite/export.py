@@ -57,7 +57,7 @@ def export_program(serving: nn.Module, kind: Kind[Any], space: FeatureSpace) -> 
     """`serving` as a `torch.export` program with the kind's dynamic dimensions, checked
     against the eager module on the kind's example inputs."""
     inputs = kind.example_inputs(space)
-    # Non-strict: no Dynamo, so models export their eager form (`models.mlp._compiling`).
+    # Non-strict: no Dynamo, so models export their eager form (`models.mlp.compiling`).
     program = torch.export.export(
         serving.eval(), inputs, dynamic_shapes=kind.dynamic_shapes(), strict=False
     )

@@ -122,6 +122,10 @@ class MLP(nn.Module):
         """Finish the forward pass from the pre-activation output `h` of the first layer."""
         return self._from(1, self.tails[0](h))
 
+    def forward_from(self, index: int, x: torch.Tensor) -> torch.Tensor:
+        """Finish the forward pass from the input `x` of the `index`-th linear layer."""
+        return self._from(index, x)
+
     def _from(self, start: int, x: torch.Tensor) -> torch.Tensor:
         last = len(self.linears) - 1
         for i in range(start, last + 1):
@@ -130,7 +134,7 @@ class MLP(nn.Module):
                 i == last
                 and self.ends_in_output
                 and layer.out_features <= SUM_OUTPUTS
-                and _compiling()
+                and compiling()
             ):
                 # A few outputs (a parametric Q-value, dqn's actions): as a product and a sum,
                 # Inductor fuses this layer with the previous activation into one reduction
@@ -161,7 +165,7 @@ def sum_outputs(env: Mapping[str, str]) -> int:
 SUM_OUTPUTS = sum_outputs(os.environ)
 
 
-def _compiling() -> bool:
+def compiling() -> bool:
     """Traced by TorchDynamo (`torch.compile`), not by the model export (non-strict, no
     Dynamo), whose program runs eagerly, where the matrix product is the faster form.
     (`is_compiling() and not is_exporting()` is False under torch 2.11's Dynamo.)"""

@@ -18,6 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from reagent_lite.models import candidate_layer
 from reagent_lite.models.mlp import MLP, resolve_layer_sizes
 
 
@@ -54,7 +55,12 @@ class ParametricQNetwork(nn.Module):
         first = self.mlp.linear(0)
         w_state = first.weight[:, : self.state_dim]
         w_action = first.weight[:, self.state_dim :]
+        h_s = F.linear(state, w_state, first.bias)
+        if candidate_layer.usable(self.mlp.tails[0], state, actions):
+            # One kernel for the first layer and its ReLU (`candidate_layer`'s notes).
+            dtype = candidate_layer.output_dtype(actions.device)
+            h = candidate_layer.first_layer(h_s, actions, w_action, dtype)
+            return self.mlp.forward_from(1, h).squeeze(-1)
         # [B, K, H] + [B, 1, H]: the state's contribution is shared by all candidates.
         h_a = F.linear(actions, w_action)
-        h_s = F.linear(state, w_state, first.bias).unsqueeze(1)
-        return self.mlp.forward_after_first(h_a + h_s).squeeze(-1)
+        return self.mlp.forward_after_first(h_a + h_s.unsqueeze(1)).squeeze(-1)
