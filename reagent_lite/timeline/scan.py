@@ -80,51 +80,61 @@ def open_parquet(
     `threads`: 1 decodes on one thread, else a row group's columns in parallel."""
     sources = step_sources(columns)
     names = list(dict.fromkeys(sources.values()))
-    opened = [pq.ParquetFile(f) for f in files]  # their footers
-    if not all(set(names) <= set(f.schema_arrow.names) for f in opened):
+    footers = [_Footer.of(f) for f in files]
+    if not all(set(names) <= set(f.arrow.names) for f in footers):
         return None
-    own = pa.schema([opened[0].schema_arrow.field(c) for c in names])
-    if any(pa.schema([f.schema_arrow.field(c) for c in names]) != own for f in opened[1:]):
+    own = pa.schema([footers[0].arrow.field(c) for c in names])
+    if any(pa.schema([f.arrow.field(c) for c in names]) != own for f in footers[1:]):
         return None
     renamed = pa.schema([own.field(src).with_name(name) for name, src in sources.items()])
     if renamed != duck.remove_metadata():
         return None
-    leaves = [string_leaves(f.schema, names) for f in opened]
+    leaves = [string_leaves(f.parquet, names) for f in footers]
     schema = pa.schema([f.with_type(_dictionary_leaves(f.name, f.type)) for f in own])
-    rows = sum(f.metadata.num_rows for f in opened)
 
     def decoded(read: list[str]) -> Iterator[pa.RecordBatch]:
         want = pa.schema([schema.field(c) for c in read])
-        for path, file, file_leaves in zip(files, opened, leaves, strict=True):
+        for path, footer, file_leaves in zip(files, footers, leaves, strict=True):
             dictionaries = [leaf for leaf in file_leaves if leaf.split(".")[0] in read]
-            reader = pq.ParquetFile(path, read_dictionary=dictionaries, pre_buffer=False)
-            rows = _batch_rows(file.metadata)
-            for i in range(reader.num_row_groups):
-                # Per row group: a file's row groups have dictionaries of their own, which
-                # Arrow cannot read into one nested array.
-                batches = reader.iter_batches(
-                    batch_size=rows, row_groups=[i], columns=read, use_threads=threads != 1
-                )
-                try:
-                    for batch in batches:
-                        yield batch if batch.schema == want else batch.cast(want)
-                except (OSError, pa.ArrowException) as err:
-                    first = (str(err).strip().splitlines() or [type(err).__name__])[0]
-                    raise ReadError(f"{path}: row group {i} cannot be read ({first})") from err
+            with pq.ParquetFile(path, read_dictionary=dictionaries, pre_buffer=False) as file:
+                for i in range(file.num_row_groups):
+                    # Per row group: a file's row groups have dictionaries of their own,
+                    # which Arrow cannot read into one nested array.
+                    batches = file.iter_batches(
+                        batch_size=footer.batch_rows, row_groups=[i], columns=read,
+                        use_threads=threads != 1,
+                    )  # fmt: skip
+                    try:
+                        for batch in batches:
+                            yield batch if batch.schema == want else batch.cast(want)
+                    except (OSError, pa.ArrowException) as err:
+                        first = (str(err).strip().splitlines() or [type(err).__name__])[0]
+                        raise ReadError(f"{path}: row group {i} cannot be read ({first})") from err
 
     def read(names: list[str]) -> Iterator[pa.RecordBatch]:
         # The next batches decoded on a thread of their own while the caller works.
         yield from read_ahead(decoded(names), depth=2, name="timeline-read")
 
-    return ArrowScan.of(read, sources, rows, schema)
+    return ArrowScan.of(read, sources, sum(f.rows for f in footers), schema)
 
 
-def _batch_rows(meta: pq.FileMetaData) -> int:
-    """Rows per batch for a file: about `SCAN_BATCH_BYTES` of its decoded data (by its row
-    groups' sizes), so that wide rows do not make large batches; at most SCAN_BATCH_ROWS."""
-    size = sum(meta.row_group(i).total_byte_size for i in range(meta.num_row_groups))
-    per_row = size / max(meta.num_rows, 1)
-    return int(min(SCAN_BATCH_ROWS, max(1, SCAN_BATCH_BYTES // max(per_row, 1))))
+@dataclass(frozen=True)
+class _Footer:
+    """What a Parquet file's footer says (the file closed again: logs of many files)."""
+
+    arrow: pa.Schema
+    parquet: pq.ParquetSchema
+    rows: int
+    batch_rows: int  # about SCAN_BATCH_BYTES of its decoded rows, at most SCAN_BATCH_ROWS
+
+    @classmethod
+    def of(cls, path: Path) -> _Footer:
+        with pq.ParquetFile(path) as file:
+            meta = file.metadata
+            size = sum(meta.row_group(i).total_byte_size for i in range(meta.num_row_groups))
+            per_row = max(size / max(meta.num_rows, 1), 1.0)
+            batch_rows = int(min(SCAN_BATCH_ROWS, max(1, SCAN_BATCH_BYTES // per_row)))
+            return cls(file.schema_arrow, file.schema, meta.num_rows, batch_rows)
 
 
 def _dictionary_leaves(name: str, t: pa.DataType) -> pa.DataType:
