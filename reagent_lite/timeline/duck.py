@@ -7,8 +7,9 @@ episodes to their side with the SQL's own split and, when a row breaks a rule, r
 checks' SQL for the message. The rows themselves are read by Arrow where it reads them as
 DuckDB does (`scan.py`), sorted in memory-bounded buckets (`buckets.py`), paired
 (`pairing.py`) on one thread and written by Arrow's Parquet writer (`tables.py`) on
-another: about a third of the CPU time of DuckDB sorting the rows itself
-(benchmarks/RESULTS.md), with the same rows as `transitions_sql` executed as written.
+another: about two thirds of the CPU time of DuckDB sorting the rows itself, and three
+quarters of the wall time (benchmarks/RESULTS.md), with the same rows as `transitions_sql`
+executed as written.
 """
 
 from __future__ import annotations
