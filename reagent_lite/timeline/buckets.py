@@ -36,7 +36,7 @@ import pyarrow.compute as pc
 from reagent_lite.errors import DataError
 from reagent_lite.timeline.pairing import check_steps
 from reagent_lite.timeline.query import Side
-from reagent_lite.timeline.scan import ArrowScan, Scan
+from reagent_lite.timeline.scan import ArrowScan, Scan, plain, rows_within
 
 # Distinct episode ids (sorted, plain) → True for those on the eval side.
 EvalFlags = Callable[[pa.Array], np.ndarray]
@@ -87,7 +87,7 @@ def sorted_runs(
         table = load()
         # Wide rows make shorter runs: the runs in flight stay small.
         row_bytes = table.nbytes / max(table.num_rows, 1)
-        run_rows = int(min(settings.run_rows, max(1, _RUN_BYTES // max(row_bytes, 1))))
+        run_rows = rows_within(_RUN_BYTES, row_bytes, settings.run_rows)
         yield from _runs(table, sides, eval_flags, run_rows)
         del table
 
@@ -151,7 +151,7 @@ def _bounds(scan: Scan, count: int, settings: SortSettings) -> pa.Array:
     for batch in scan.batches(["mdp_id"]):
         settings.check()
         ids = batch.column(0)
-        picked = _plain(ids.take(pa.array(np.arange((-seen) % step, len(ids), step))))
+        picked = plain(ids.take(pa.array(np.arange((-seen) % step, len(ids), step))))
         if pa.types.is_floating(picked.type):
             picked = picked.filter(pc.invert(pc.is_nan(picked)))  # NaN: its own last bucket
         samples.append(picked.drop_null())
@@ -253,7 +253,7 @@ def _runs(
         episode_side = {"all": np.ones(len(starts), bool)}
     else:
         assert eval_flags is not None, "eval_flags is needed to split the sides"
-        is_eval = eval_flags(_plain(ids.take(pa.array(order[starts]))))
+        is_eval = eval_flags(plain(ids.take(pa.array(order[starts]))))
         episode_side = {"train": ~is_eval, "eval": is_eval}
     for side in sides:
         keep = np.repeat(episode_side[side], lengths)
@@ -313,7 +313,3 @@ def _order(codes: np.ndarray, seq: np.ndarray) -> np.ndarray:
         # gives one order; numpy's default (introsort) is the fastest.
         return np.argsort(((codes + 1) << 32) | (seq - low))
     return np.lexsort((seq, codes))
-
-
-def _plain(ids: pa.Array) -> pa.Array:
-    return ids.cast(ids.type.value_type) if pa.types.is_dictionary(ids.type) else ids

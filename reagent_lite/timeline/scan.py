@@ -132,9 +132,15 @@ class _Footer:
         with pq.ParquetFile(path) as file:
             meta = file.metadata
             size = sum(meta.row_group(i).total_byte_size for i in range(meta.num_row_groups))
-            per_row = max(size / max(meta.num_rows, 1), 1.0)
-            batch_rows = int(min(SCAN_BATCH_ROWS, max(1, SCAN_BATCH_BYTES // per_row)))
+            per_row = size / max(meta.num_rows, 1)
+            batch_rows = rows_within(SCAN_BATCH_BYTES, per_row, SCAN_BATCH_ROWS)
             return cls(file.schema_arrow, file.schema, meta.num_rows, batch_rows)
+
+
+def rows_within(budget: int, row_bytes: float, at_most: int) -> int:
+    """How many rows of `row_bytes` each fit in `budget` bytes: at least 1, at most
+    `at_most` (batches and runs sized in bytes as well as rows: wide rows, fewer)."""
+    return int(min(at_most, max(1, budget // max(row_bytes, 1.0))))
 
 
 def _dictionary_leaves(name: str, t: pa.DataType) -> pa.DataType:
@@ -223,6 +229,12 @@ def plain_type(t: pa.DataType) -> pa.DataType:
     if pa.types.is_fixed_size_list(t):
         return pa.list_(t.value_field.with_type(plain_type(t.value_type)), t.list_size)
     return t
+
+
+def plain(array: pa.Array) -> pa.Array:
+    """`array` with its dictionaries decoded."""
+    target = plain_type(array.type)
+    return array if target == array.type else array.cast(target)
 
 
 def plain_schema(schema: pa.Schema) -> pa.Schema:
