@@ -12,6 +12,7 @@ import os
 from collections.abc import Callable, Mapping, Sequence
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from reagent_lite.errors import ConfigError
@@ -130,7 +131,15 @@ class MLP(nn.Module):
         last = len(self.linears) - 1
         for i in range(start, last + 1):
             layer = self.linear(i)
-            if (
+            pad = padding(x, layer) if i == 0 else 0
+            if pad:
+                # The input's rows padded with zeros to 16 bytes in the product's dtype, and
+                # the weight's with zero columns: cuBLAS then takes its aligned kernels for
+                # the product and the weight's gradient instead of align-1 split-K ones
+                # (benchmarks/RESULTS.md). The padded columns' gradient is cut off again; the
+                # values are those of the layer.
+                x = F.linear(F.pad(x, (0, pad)), F.pad(layer.weight, (0, pad)), layer.bias)
+            elif (
                 i == last
                 and self.ends_in_output
                 and layer.out_features <= SUM_OUTPUTS
@@ -146,6 +155,39 @@ class MLP(nn.Module):
                 x = layer(x)
             x = self.tails[i](x)
         return x
+
+
+# A first layer whose rows are not a multiple of 16 bytes in the product's dtype is traced
+# with its input and weight zero-padded to one (`MLP._from`) where the product runs on tensor
+# cores (bf16, tf32), on PAD_DEVICE only (the tests point it at the CPU): fp32 and CPU steps
+# keep their maths bit for bit. In fp32 the padding measured 1% slower (RESULTS.md).
+ALIGN_BYTES = 16
+PAD_DEVICE = "cuda"
+# Whether the enclosing step multiplies float32 on TF32 tensor cores: set by
+# `training.precision.step_precision`. Dynamo cannot read torch.backends.cuda.matmul's
+# setting; it guards on this value instead, so a step traced under the other is traced again.
+TF32_PRODUCTS = False
+
+
+def row_padding(x: torch.Tensor, layer: nn.Linear) -> int:
+    """Zero features to add to `x`'s rows so that they fill whole ALIGN_BYTES in the dtype
+    the product reads (autocast's where it is on): 8 features in bf16, 4 in tf32, none
+    for products in IEEE float32."""
+    dtype = x.dtype
+    if torch.is_autocast_enabled(x.device.type):
+        dtype = torch.get_autocast_dtype(x.device.type)
+    if dtype == torch.float32 and not TF32_PRODUCTS:
+        return 0
+    per_row = max(1, ALIGN_BYTES // dtype.itemsize)
+    return -layer.in_features % per_row
+
+
+def padding(x: torch.Tensor, first: nn.Linear) -> int:
+    """`row_padding` where a step traced by Dynamo on PAD_DEVICE multiplies `x` by the first
+    layer `first`, else 0 (eager steps, the export, other devices keep the plain layer)."""
+    if x.device.type != PAD_DEVICE or not compiling():
+        return 0
+    return row_padding(x, first)
 
 
 FUSED_OUTPUT_ENV = "REAGENT_LITE_FUSED_OUTPUT"

@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from reagent_lite.models import candidate_layer
+from reagent_lite.models import candidate_layer, mlp
 from reagent_lite.models.mlp import MLP, resolve_layer_sizes
 
 
@@ -53,8 +53,14 @@ class ParametricQNetwork(nn.Module):
         if actions.dim() == 2:
             return self.mlp(torch.cat([state, actions], dim=-1)).squeeze(-1)
         first = self.mlp.linear(0)
-        w_state = first.weight[:, : self.state_dim]
-        w_action = first.weight[:, self.state_dim :]
+        weight = first.weight
+        pad = mlp.padding(state, first)
+        if pad:
+            # Rows of 16 bytes, so that the state block's product takes cuBLAS's aligned
+            # kernels (`MLP._from` pads the one-action product the same way).
+            weight = F.pad(weight, (0, pad))
+        w_state = weight[:, : self.state_dim]
+        w_action = weight[:, self.state_dim : self.state_dim + self.action_dim]
         h_s = F.linear(state, w_state, first.bias)
         if candidate_layer.usable(self.mlp.tails[0], state, actions):
             # One kernel for the first layer and its ReLU (`candidate_layer`'s notes).

@@ -10,6 +10,9 @@
   product and a sum with the float32 weight, gives float32 where the linear layer gives
   bf16.)
 
+With tf32 and bf16 a compiled CUDA step pads a first layer's rows to 16 bytes
+(`models.mlp.row_padding`); tf32 reaches the trace through `mlp.TF32_PRODUCTS`, set here.
+
 Only the step is affected: evaluation, CPE and the exported model read the float32
 weights in float32.
 """
@@ -20,6 +23,8 @@ import contextlib
 from collections.abc import Iterator
 
 import torch
+
+from reagent_lite.models import mlp
 
 PRECISIONS = ("fp32", "tf32", "bf16")
 
@@ -34,12 +39,12 @@ def step_precision(precision: str, device: torch.device) -> Iterator[None]:
             yield
             return
         matmul = torch.backends.cuda.matmul
-        before = matmul.fp32_precision
-        matmul.fp32_precision = "tf32"
+        before, traced_before = matmul.fp32_precision, mlp.TF32_PRODUCTS
+        matmul.fp32_precision, mlp.TF32_PRODUCTS = "tf32", True
         try:
             yield
         finally:
-            matmul.fp32_precision = before
+            matmul.fp32_precision, mlp.TF32_PRODUCTS = before, traced_before
     elif precision == "bf16":
         with torch.autocast(device.type, dtype=torch.bfloat16, cache_enabled=False):
             yield

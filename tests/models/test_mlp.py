@@ -147,3 +147,88 @@ def test_the_exported_model_keeps_the_linear_layer() -> None:
     targets = [n.target for n in program.graph.nodes]
     assert targets.count(torch.ops.aten.linear.default) == 2, targets
     assert torch.ops.aten.sum.dim_IntList not in targets, targets
+
+
+def _traced_pads(net: MLP, x: torch.Tensor) -> int:
+    return sum("pad" in op for op in _traced_ops(net, x))
+
+
+@pytest.mark.parametrize("width", [5, 14])
+def test_a_first_layer_of_unaligned_rows_is_padded_when_compiled_for_tensor_cores(
+    width: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Compiled on the padding device for TF32 products, a first layer whose rows are not a
+    multiple of 16 bytes multiplies zero-padded rows by a zero-padded weight, with the
+    values and gradients of the plain layer; the weight's gradient keeps its shape."""
+    monkeypatch.setattr(mlp, "PAD_DEVICE", "cpu")
+    monkeypatch.setattr(mlp, "TF32_PRODUCTS", True)
+    torch.manual_seed(0)
+    net = MLP([width, 16, 8, 2], ["relu", "relu", "linear"])
+    x = torch.randn(9, width)
+    assert _traced_pads(net, x) == 2
+    torch._dynamo.reset()
+    got = torch.compile(net, backend="aot_eager", fullgraph=True)(x)
+    got.square().sum().backward()
+    got_grads = [p.grad.clone() for p in net.parameters() if p.grad is not None]
+    net.zero_grad()
+    want = net(x)
+    want.square().sum().backward()
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+    assert got_grads[0].shape == (16, width)
+    for a, b in zip(got_grads, (p.grad for p in net.parameters()), strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_ieee_fp32_aligned_layers_and_other_devices_are_not_padded(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Nothing is padded for IEEE fp32 products, for rows already of 16 bytes, or off the
+    padding device; a bf16 first layer of 4 features (8 bytes) is padded to 8."""
+    x5, x8, x4 = torch.randn(3, 5), torch.randn(3, 8), torch.randn(3, 4)
+    monkeypatch.setattr(mlp, "TF32_PRODUCTS", True)
+    assert _traced_pads(MLP([5, 16, 2], ["relu", "linear"]), x5) == 0  # not the device
+    monkeypatch.setattr(mlp, "PAD_DEVICE", "cpu")
+    assert _traced_pads(MLP([8, 16, 2], ["relu", "linear"]), x8) == 0
+    assert _traced_pads(MLP([4, 16, 2], ["relu", "linear"]), x4) == 0
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert _traced_pads(MLP([4, 16, 2], ["relu", "linear"]), x4) == 2
+    monkeypatch.setattr(mlp, "TF32_PRODUCTS", False)
+    assert _traced_pads(MLP([5, 16, 2], ["relu", "linear"]), x5) == 0
+
+
+def test_row_padding_follows_the_products_dtype(monkeypatch: pytest.MonkeyPatch) -> None:
+    """16 bytes: 4 features in tf32, 8 in bf16 (autocast's dtype where it is on), none in
+    IEEE fp32."""
+    four, fourteen = torch.nn.Linear(4, 3), torch.nn.Linear(14, 3)
+    assert mlp.row_padding(torch.randn(2, 14), fourteen) == 0
+    assert mlp.row_padding(torch.randn(2, 4, dtype=torch.bfloat16), four) == 4
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert mlp.row_padding(torch.randn(2, 4), four) == 4
+        assert mlp.row_padding(torch.randn(2, 14), fourteen) == 2
+    monkeypatch.setattr(mlp, "TF32_PRODUCTS", True)
+    assert mlp.row_padding(torch.randn(2, 14), fourteen) == 2
+    assert mlp.row_padding(torch.randn(2, 4), four) == 0
+
+
+def test_a_step_traced_again_under_tf32_pads(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`step_precision("tf32")` sets the flag the trace reads, and Dynamo guards on it: the
+    same compiled network, called in fp32 and then in tf32, is traced twice, padded the
+    second time."""
+    from reagent_lite.training.precision import step_precision
+
+    monkeypatch.setattr(mlp, "PAD_DEVICE", "cpu")
+    net, x = MLP([5, 16, 2], ["relu", "linear"]), torch.randn(3, 5)
+    pads: list[int] = []
+
+    def keep(gm: torch.fx.GraphModule, _inputs: list[torch.Tensor]):  # type: ignore[no-untyped-def]
+        pads.append(sum("pad" in str(n.target) for n in gm.graph.nodes))
+        return gm.forward
+
+    torch._dynamo.reset()
+    compiled = torch.compile(net, backend=keep, fullgraph=True)
+    compiled(x)
+    with step_precision("tf32", torch.device("cuda")):
+        assert mlp.TF32_PRODUCTS
+        compiled(x)
+    assert not mlp.TF32_PRODUCTS
+    assert pads == [0, 2]

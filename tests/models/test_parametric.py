@@ -1,8 +1,9 @@
 from __future__ import annotations
 
+import pytest
 import torch
 
-from reagent_lite.models import ParametricQNetwork
+from reagent_lite.models import ParametricQNetwork, mlp
 
 
 def _net(**kw: object) -> ParametricQNetwork:
@@ -56,3 +57,38 @@ def test_candidates_shared_by_all_states_and_vmap() -> None:
         mapped = torch.func.vmap(net, in_dims=(0, None))(states, actions)
         looped = torch.stack([net(s, actions) for s in states])
     torch.testing.assert_close(mapped, looped, rtol=1e-5, atol=1e-6)
+
+
+def test_compiled_for_tensor_cores_both_forms_pad_the_first_layer(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Compiled for TF32 products on the padding device, 5 + 3 state and action features
+    (32 bytes, aligned) are not padded, 5 + 4 are: the candidate set through a state block
+    cut from the padded weight, one action per state through padded rows. Scores and
+    gradients are the eager network's."""
+    monkeypatch.setattr(mlp, "PAD_DEVICE", "cpu")
+    monkeypatch.setattr(mlp, "TF32_PRODUCTS", True)
+    traced: list[int] = []
+
+    def keep(gm: torch.fx.GraphModule, _inputs: list[torch.Tensor]):  # type: ignore[no-untyped-def]
+        traced.append(sum("pad" in str(n.target) for n in gm.graph.nodes))
+        return gm.forward
+
+    for g, pads in ((3, 0), (4, 1)):
+        torch.manual_seed(0)
+        net = ParametricQNetwork(5, g, [-1, 16, 8, -1], ["relu", "relu", "linear"])
+        state, cands = torch.randn(4, 5), torch.randn(4, 6, g)
+        for actions, want_pads in ((cands, pads), (cands[:, 0], 2 * pads)):
+            traced.clear()
+            torch._dynamo.reset()
+            got = torch.compile(net, backend=keep, fullgraph=True)(state, actions)
+            assert traced == [want_pads], (g, actions.shape)
+            got.sum().backward()
+            got_grads = [p.grad.clone() for p in net.parameters()]  # type: ignore[union-attr]
+            net.zero_grad()
+            want = net(state, actions)
+            want.sum().backward()
+            torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+            for a, b in zip(got_grads, (p.grad for p in net.parameters()), strict=True):
+                torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+            net.zero_grad()
