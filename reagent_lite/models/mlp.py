@@ -172,11 +172,14 @@ TF32_PRODUCTS = False
 def row_padding(x: torch.Tensor, layer: nn.Linear) -> int:
     """Zero features to add to `x`'s rows so that they fill whole ALIGN_BYTES in the dtype
     the product reads (autocast's where it is on): 8 features in bf16, 4 in tf32, none
-    for products in IEEE float32."""
+    for products off the tensor cores (IEEE float32, float64)."""
     dtype = x.dtype
     if torch.is_autocast_enabled(x.device.type):
         dtype = torch.get_autocast_dtype(x.device.type)
-    if dtype == torch.float32 and not TF32_PRODUCTS:
+    tensor_cores = dtype in (torch.bfloat16, torch.float16) or (
+        dtype == torch.float32 and TF32_PRODUCTS
+    )
+    if not tensor_cores:
         return 0
     per_row = max(1, ALIGN_BYTES // dtype.itemsize)
     return -layer.in_features % per_row

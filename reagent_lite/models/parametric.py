@@ -56,8 +56,10 @@ class ParametricQNetwork(nn.Module):
         weight = first.weight
         pad = mlp.padding(state, first)
         if pad:
-            # Rows of 16 bytes, so that the state block's product takes cuBLAS's aligned
-            # kernels (`MLP._from` pads the one-action product the same way).
+            # With TF32 products the state block, cut from the padded weight, has rows 16
+            # bytes apart, so that its product can take cuBLAS's aligned kernels (`MLP._from`
+            # pads the one-action product). Under bf16 autocast's cast copies the block
+            # into rows of its own width anyway.
             weight = F.pad(weight, (0, pad))
         w_state = weight[:, : self.state_dim]
         w_action = weight[:, self.state_dim : self.state_dim + self.action_dim]

@@ -198,7 +198,7 @@ def test_ieee_fp32_aligned_layers_and_other_devices_are_not_padded(
 
 def test_row_padding_follows_the_products_dtype(monkeypatch: pytest.MonkeyPatch) -> None:
     """16 bytes: 4 features in tf32, 8 in bf16 (autocast's dtype where it is on), none in
-    IEEE fp32."""
+    IEEE fp32 or float64."""
     four, fourteen = torch.nn.Linear(4, 3), torch.nn.Linear(14, 3)
     assert mlp.row_padding(torch.randn(2, 14), fourteen) == 0
     assert mlp.row_padding(torch.randn(2, 4, dtype=torch.bfloat16), four) == 4
@@ -208,6 +208,7 @@ def test_row_padding_follows_the_products_dtype(monkeypatch: pytest.MonkeyPatch)
     monkeypatch.setattr(mlp, "TF32_PRODUCTS", True)
     assert mlp.row_padding(torch.randn(2, 14), fourteen) == 2
     assert mlp.row_padding(torch.randn(2, 4), four) == 0
+    assert mlp.row_padding(torch.randn(2, 14, dtype=torch.float64), fourteen) == 0
 
 
 def test_a_step_traced_again_under_tf32_pads(monkeypatch: pytest.MonkeyPatch) -> None:
