@@ -89,6 +89,23 @@ def _traced_ops(net: torch.nn.Module, *args: torch.Tensor) -> list[str]:
     return [str(n.target) for gm in graphs for n in gm.graph.nodes if n.op.startswith("call_")]
 
 
+def _compiled_equals_eager(net: MLP, x: torch.Tensor) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    """Asserts that `net` compiled (aot_eager) gives the eager values and gradients of a
+    squared-sum loss on `x`; returns the compiled output and gradients."""
+    torch._dynamo.reset()
+    got = torch.compile(net, backend="aot_eager", fullgraph=True)(x)
+    got.square().sum().backward()
+    got_grads = [p.grad.clone() for p in net.parameters() if p.grad is not None]
+    net.zero_grad()
+    want = net(x)
+    want.square().sum().backward()
+    assert got.shape == want.shape
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+    for a, b in zip(got_grads, (p.grad for p in net.parameters()), strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+    return got, got_grads
+
+
 def _traced_linears_and_sums(net: MLP) -> tuple[int, bool]:
     ops = _traced_ops(net, torch.randn(9, 5))
     return sum("linear" in op for op in ops), any("sum" in op for op in ops)
@@ -101,19 +118,8 @@ def test_a_thin_last_layer_is_a_sum_when_compiled(outputs: int) -> None:
     torch.manual_seed(0)
     net = MLP([5, 16, 8, outputs], ["relu", "relu", "linear"])
     assert _traced_linears_and_sums(net) == (2, True)
-    x = torch.randn(9, 5)
-    compiled = torch.compile(net, backend="aot_eager", fullgraph=True)
-    torch._dynamo.reset()
-    got = compiled(x)
-    got.square().sum().backward()
-    got_grads = [p.grad.clone() for p in net.parameters() if p.grad is not None]
-    net.zero_grad()
-    want = net(x)
-    want.square().sum().backward()
-    assert got.shape == want.shape == (9, outputs)
-    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
-    for a, b in zip(got_grads, (p.grad for p in net.parameters()), strict=True):
-        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+    got, _ = _compiled_equals_eager(net, torch.randn(9, 5))
+    assert got.shape == (9, outputs)
 
 
 def test_a_wider_last_layer_stays_a_matrix_product_when_compiled() -> None:
@@ -166,17 +172,8 @@ def test_a_first_layer_of_unaligned_rows_is_padded_when_compiled_for_tensor_core
     net = MLP([width, 16, 8, 2], ["relu", "relu", "linear"])
     x = torch.randn(9, width)
     assert _traced_pads(net, x) == 2
-    torch._dynamo.reset()
-    got = torch.compile(net, backend="aot_eager", fullgraph=True)(x)
-    got.square().sum().backward()
-    got_grads = [p.grad.clone() for p in net.parameters() if p.grad is not None]
-    net.zero_grad()
-    want = net(x)
-    want.square().sum().backward()
-    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+    _, got_grads = _compiled_equals_eager(net, x)
     assert got_grads[0].shape == (16, width)
-    for a, b in zip(got_grads, (p.grad for p in net.parameters()), strict=True):
-        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
 
 
 def test_ieee_fp32_aligned_layers_and_other_devices_are_not_padded(
