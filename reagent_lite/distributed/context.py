@@ -15,6 +15,8 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
+# Re-exported: callers ask the context whether an error is a failed collective.
+from reagent_lite.distributed.failures import is_collective_error as is_collective_error
 from reagent_lite.distributed.peer_sum import PeerSum, agree_on_peer_sum
 from reagent_lite.torch_private import foreach_copy_
 
@@ -138,12 +140,6 @@ class DistContext:
 
     def _tensor_device(self) -> torch.device:
         return self.device if self.backend == "nccl" else torch.device("cpu")
-
-
-def is_collective_error(err: BaseException) -> bool:
-    """True for the error a failed collective raises (a peer died, a timeout): the
-    launcher's to report, not a problem of the code that called the collective."""
-    return isinstance(err, dist.DistError)
 
 
 class GradAverage:
