@@ -129,8 +129,13 @@ def migrate_horizon(data: dict[str, Any], source: str = "<config>") -> dict[str,
         for old, new in HORIZON_RENAMED.get(obj_path, {}).items():
             if old in obj:
                 value = obj.pop(old)
+                value = False if value is None else value
                 if new not in obj:
-                    obj[new] = False if value is None else value
+                    obj[new] = value
+                elif obj[new] != value:
+                    where = f"{obj_path}.{new}"
+                    old_where = f"{obj_path}.{old}"
+                    problems.append(_given_twice(source, where, old_where, value, obj[new]))
                 logger.info(
                     "%s: %s.%s (Horizon) read as %s.%s", source, obj_path, old, obj_path, new
                 )
@@ -141,6 +146,14 @@ def migrate_horizon(data: dict[str, Any], source: str = "<config>") -> dict[str,
     if problems:
         raise ConfigError("\n".join(problems))
     return data
+
+
+def _given_twice(source: str, where: str, horizon_name: str, old: Any, new: Any) -> str:
+    # Horizon's name and ours for one setting are one key given twice: neither silently wins.
+    return (
+        f"{source}: {where}: given twice, as {horizon_name} (Horizon's name, meaning "
+        f"{_show(old)}) and as {where} (got {_show(new)}); keep one"
+    )
 
 
 def _migrate_bcq(data: dict[str, Any], source: str) -> dict[str, Any]:

@@ -25,7 +25,7 @@ from reagent_lite.config.horizon import HORIZON_IGNORED as HORIZON_IGNORED
 from reagent_lite.config.horizon import HORIZON_RENAMED as HORIZON_RENAMED
 from reagent_lite.config.horizon import CompatKey as CompatKey
 from reagent_lite.config.horizon import migrate_horizon as migrate_horizon
-from reagent_lite.config.json_text import reject_constant as _reject_constant
+from reagent_lite.config.json_text import Duplicate, DuplicateKeys, key_lines, parse_json
 from reagent_lite.config.json_text import show as _show
 from reagent_lite.config.models import (
     BaseWorkflowConfig,
@@ -88,7 +88,11 @@ def read_config_file(path: str | os.PathLike[str]) -> Any:
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError(f"{source}: cannot read config file: {exc}") from None
     try:
-        data = json.loads(text, parse_constant=_reject_constant)
+        data = parse_json(text)
+    except DuplicateKeys as exc:
+        raise ConfigError(
+            "\n".join(_duplicate_line(source, text, dup) for dup in exc.duplicates)
+        ) from None
     except json.JSONDecodeError as exc:
         raise ConfigError(
             f"{source}: not valid JSON: {exc.msg} at line {exc.lineno}, column {exc.colno}"
@@ -100,6 +104,17 @@ def read_config_file(path: str | os.PathLike[str]) -> Any:
             f"{source}: not valid JSON for a config: nested deeper than Python's parser allows"
         ) from None
     return data
+
+
+def _duplicate_line(source: str, text: str, dup: Duplicate) -> str:
+    lines = key_lines(text, dup.key)
+    first, second = _show(dup.first), _show(dup.second)
+    if len(lines) == 2:  # only when the lines are unambiguous
+        first, second = f"{first} at line {lines[0]}", f"{second} at line {lines[1]}"
+    return (
+        f"{source}: {dup.path}: key given twice, and JSON would silently keep the last "
+        f"(got {first}, then {second}); remove the one you do not mean"
+    )
 
 
 def config_from_dict(data: Any, cls: type[T], source: str = "<config>") -> T:
