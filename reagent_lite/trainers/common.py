@@ -19,6 +19,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from reagent_lite.config import BaseWorkflowConfig
+from reagent_lite.discount import transition_discount
 from reagent_lite.errors import ConfigError
 from reagent_lite.torch_private import foreach_lerp_
 
@@ -345,10 +346,10 @@ class QLearningTrainer(Generic[BatchT]):
 
     # -- shared maths ----------------------------------------------------------------------
     def discount(self, batch: BatchT) -> torch.Tensor | float:
-        """γ^time_diff when time gaps count, else γ for every row."""
-        if self.hp.use_seq_num_diff_as_time_diff:
-            return torch.pow(self.hp.gamma, batch.time_diff)
-        return self.hp.gamma
+        """γ^time_diff when time gaps count, else γ for every row (`reagent_lite.discount`)."""
+        return transition_discount(
+            self.hp.gamma, batch.time_diff, use_time_diff=self.hp.use_seq_num_diff_as_time_diff
+        )
 
     @torch.no_grad()
     def compute_target(self, batch: BatchT) -> torch.Tensor:
