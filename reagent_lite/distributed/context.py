@@ -154,7 +154,7 @@ class GradAverage:
     decides, every rank the same way (`peer_sum.agree_on_peer_sum`).
 
     With `scaled_backward` the caller's backward already multiplied the gradients by
-    `loss_scale` (1 / world size, as the seed of the backward: `trainers.common.BackwardSeed`)
+    `loss_scale` (1 / world size, as the seed of the backward: `trainers.optim.BackwardSeed`)
     and the average is the sum alone: one kernel less per step than dividing the flat
     buffer. For a power-of-two world size the bits are those of dividing afterwards
     (scaling by a power of two is exact); otherwise they differ by rounding (at bfloat16's

@@ -22,13 +22,8 @@ from torch import Tensor, nn
 
 from reagent_lite.data.tensordict import TensorDict
 from reagent_lite.discount import transition_discount
-from reagent_lite.trainers.common import (
-    BackwardSeed,
-    SoftUpdate,
-    adam,
-    load_optimizer_state,
-    unwrap,
-)
+from reagent_lite.trainers.common import unwrap
+from reagent_lite.trainers.optim import BackwardSeed, SoftUpdate, adam, load_optimizer_state
 
 _NEG = -1e9
 
