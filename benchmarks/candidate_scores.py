@@ -26,7 +26,7 @@ from torch import Tensor
 
 from reagent_lite.models import candidate_layer
 from reagent_lite.models.parametric import ParametricQNetwork
-from reagent_lite.trainers.common import masked_argmax
+from reagent_lite.trainers.masked import masked_argmax
 from reagent_lite.training.precision import step_precision
 
 CALLS = 10

@@ -32,6 +32,26 @@ class WorkflowArgs:
     overrides: tuple[str, ...] = ()
 
 
+class _Once(argparse.Action):
+    """A value flag that may be repeated only with the same value: argparse would silently
+    keep the last (`--config a.json ... --config b.json` would train on b)."""
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: object,
+        option_string: str | None = None,
+    ) -> None:
+        before = getattr(namespace, self.dest, None)
+        if before is not None and before != values:
+            parser.error(
+                f"{option_string}: given twice with different values (got {before}, then "
+                f"{values}); give it once"
+            )
+        setattr(namespace, self.dest, values)
+
+
 def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog=prog,
@@ -44,6 +64,7 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
         "-p",  # Horizon's workflows took the config as -p/--parameters
         dest="config",
         type=Path,
+        action=_Once,
         required=True,
         help="workflow config (JSON); relative paths in it resolve against the working dir",
     )
@@ -52,6 +73,7 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
         "--node-index",
         dest="node_index",
         type=int,
+        action=_Once,
         default=None,
         help="index of this machine in [0, num_nodes) (default: $SLURM_NODEID, else 0)",
     )
@@ -69,6 +91,7 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
         "--run_id",
         "--run-id",
         dest="run_id",
+        action=_Once,
         default=None,
         help="name of this run, shared by all nodes (keeps a re-run apart from a crashed one)",
     )

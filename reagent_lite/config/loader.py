@@ -5,10 +5,8 @@
 
     <file>: <json.path>: <what is wrong> (got <value>)
 
-Horizon compatibility: keys Horizon's workflows wrote that have no effect here are
-accepted, removed and logged as a WARNING naming the key (never silently); those that
-would change behaviour we do not implement (e.g. `"categorical": true`) are errors;
-renamed ones (`use_layer_norm`, `in_training_cpe`) are mapped and logged at INFO.
+Horizon-era keys are mapped, dropped with a warning, or refused by `config.horizon`
+before validation (never silently).
 """
 
 from __future__ import annotations
@@ -17,12 +15,18 @@ import difflib
 import json
 import logging
 import os
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
+from reagent_lite.config.horizon import _ANY as _ANY
+from reagent_lite.config.horizon import HORIZON_IGNORED as HORIZON_IGNORED
+from reagent_lite.config.horizon import HORIZON_RENAMED as HORIZON_RENAMED
+from reagent_lite.config.horizon import CompatKey as CompatKey
+from reagent_lite.config.horizon import migrate_horizon as migrate_horizon
+from reagent_lite.config.json_text import Duplicate, DuplicateKeys, key_lines, parse_json
+from reagent_lite.config.json_text import show as _show
 from reagent_lite.config.models import (
     BaseWorkflowConfig,
     ConfigProblem,
@@ -35,60 +39,6 @@ from reagent_lite.errors import ConfigError
 logger = logging.getLogger("reagent_lite.config")
 
 T = TypeVar("T", bound=BaseWorkflowConfig)
-
-_ANY = object()  # marker: every value is accepted (and ignored)
-
-
-@dataclass(frozen=True)
-class CompatKey:
-    """A Horizon key accepted only for compatibility: it has no effect here."""
-
-    note: str
-    accepted: tuple[Any, ...] | object = _ANY  # values ignored; others are unsupported
-
-    def accepts(self, value: Any) -> bool:
-        if self.accepted is _ANY:
-            return True
-        assert isinstance(self.accepted, tuple)
-        # `type(...) is` so that True never passes for 1 or 1.0 for True.
-        return any(type(value) is type(a) and value == a for a in self.accepted)
-
-
-# Object path ("" = top level) → Horizon key → why it is ignored.
-HORIZON_IGNORED: dict[str, dict[str, CompatKey]] = {
-    "": {
-        "state_feature_params": CompatKey("feature-name overrides are not supported", (None,)),
-        "target_action_distribution": CompatKey("not used by the evaluation here"),
-    },
-    "rl": {
-        "reward_burnin": CompatKey("no reward burn-in phase here"),
-        "set_missing_value_to_zero": CompatKey("missing features use a presence mask"),
-        "tensorboard_logging_freq": CompatKey("metrics go to metrics.jsonl"),
-        "predictor_atol_check": CompatKey("no Caffe2 predictor conversion check"),
-        "predictor_rtol_check": CompatKey("no Caffe2 predictor conversion check"),
-        "ratio_different_predictions_tolerance": CompatKey("no predictor conversion check"),
-        "time_diff_unit_length": CompatKey("time_diff is used as is", (1, 1.0)),
-        "multi_steps": CompatKey("multi-step returns are not supported", (None, 1)),
-    },
-    "rainbow": {
-        "categorical": CompatKey("C51 is not supported", (False, 0)),
-        "num_atoms": CompatKey("C51 is not supported"),
-        "qmin": CompatKey("C51 is not supported"),
-        "qmax": CompatKey("C51 is not supported"),
-        "c51_l2_decay": CompatKey("C51 is not supported"),
-        "quantile": CompatKey("QR-DQN is not supported", (False, 0)),
-    },
-    "training": {
-        "use_noisy_linear_layers": CompatKey("noisy nets are not supported", (False, 0)),
-        "lr_policy": CompatKey("lr_decay is applied once per epoch"),
-        "weight_init_min_std": CompatKey("PyTorch default initialisation is used"),
-        "use_batch_norm": CompatKey("batch norm is not supported; see layer_norm", (False, 0)),
-        "cnn_parameters": CompatKey("CNN encoders are not supported", (None,)),
-    },
-}
-
-# Horizon name → our name, within the same object.
-HORIZON_RENAMED: dict[str, dict[str, str]] = {"training": {"use_layer_norm": "layer_norm"}}
 
 
 def config_class(kind: str) -> type[DQNWorkflowConfig] | type[ParametricDQNWorkflowConfig]:
@@ -138,7 +88,11 @@ def read_config_file(path: str | os.PathLike[str]) -> Any:
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError(f"{source}: cannot read config file: {exc}") from None
     try:
-        data = json.loads(text, parse_constant=_reject_constant)
+        data = parse_json(text)
+    except DuplicateKeys as exc:
+        raise ConfigError(
+            "\n".join(_duplicate_line(source, text, dup) for dup in exc.duplicates)
+        ) from None
     except json.JSONDecodeError as exc:
         raise ConfigError(
             f"{source}: not valid JSON: {exc.msg} at line {exc.lineno}, column {exc.colno}"
@@ -150,6 +104,17 @@ def read_config_file(path: str | os.PathLike[str]) -> Any:
             f"{source}: not valid JSON for a config: nested deeper than Python's parser allows"
         ) from None
     return data
+
+
+def _duplicate_line(source: str, text: str, dup: Duplicate) -> str:
+    lines = key_lines(text, dup.key)
+    first, second = _show(dup.first), _show(dup.second)
+    if len(lines) == 2:  # only when the lines are unambiguous
+        first, second = f"{first} at line {lines[0]}", f"{second} at line {lines[1]}"
+    return (
+        f"{source}: {dup.path}: key given twice, and JSON would silently keep the last "
+        f"(got {first}, then {second}); remove the one you do not mean"
+    )
 
 
 def config_from_dict(data: Any, cls: type[T], source: str = "<config>") -> T:
@@ -237,97 +202,6 @@ def settings_without_effect(cfg: BaseWorkflowConfig) -> list[tuple[str, str]]:
     return out
 
 
-def migrate_horizon(data: dict[str, Any], source: str = "<config>") -> dict[str, Any]:
-    """Map Horizon-era keys onto ours; drop (and log) keys that have no effect here."""
-    data = dict(data)
-    problems: list[str] = []
-    if "in_training_cpe" in data:
-        # Horizon ran in-training CPE iff this block was present (not null).
-        value = data.pop("in_training_cpe")
-        evaluation = dict(data.get("evaluation") or {})
-        if "calc_cpe_in_training" not in evaluation:
-            evaluation["calc_cpe_in_training"] = value is not None
-            data["evaluation"] = evaluation
-            logger.info(
-                "%s: in_training_cpe (Horizon) mapped to evaluation.calc_cpe_in_training=%s",
-                source,
-                value is not None,
-            )
-        if isinstance(value, dict) and value:
-            logger.warning(
-                "%s: in_training_cpe.%s ignored (Horizon compatibility only: CPE uses the "
-                "whole eval_data_path)",
-                source,
-                ", in_training_cpe.".join(sorted(value)),
-            )
-    data = _migrate_bcq(data, source)
-    norm = data.get("norm_params")
-    if isinstance(norm, dict):
-        for key in ("output_dir", "cols_to_norm"):
-            if key in norm:
-                logger.warning(
-                    "%s: norm_params.%s ignored (Horizon compatibility only: normalization "
-                    "is fitted on the state/action columns and written to model_output_path)",
-                    source,
-                    key,
-                )
-    for obj_path, keys in HORIZON_IGNORED.items():
-        obj = data if obj_path == "" else data.get(obj_path)
-        if not isinstance(obj, dict):
-            continue
-        obj = dict(obj)
-        for key, compat in keys.items():
-            if key not in obj:
-                continue
-            value = obj.pop(key)
-            where = f"{obj_path}.{key}" if obj_path else key
-            if not compat.accepts(value):
-                problems.append(
-                    f"{source}: {where}: Horizon option not supported: {compat.note} "
-                    f"(got {_show(value)})"
-                )
-                continue
-            logger.warning(
-                "%s: %s ignored (Horizon compatibility only: %s)", source, where, compat.note
-            )
-        for old, new in HORIZON_RENAMED.get(obj_path, {}).items():
-            if old in obj:
-                value = obj.pop(old)
-                if new not in obj:
-                    obj[new] = False if value is None else value
-                logger.info(
-                    "%s: %s.%s (Horizon) read as %s.%s", source, obj_path, old, obj_path, new
-                )
-        if obj_path == "":
-            data = obj
-        else:
-            data[obj_path] = obj
-    if problems:
-        raise ConfigError("\n".join(problems))
-    return data
-
-
-def _migrate_bcq(data: dict[str, Any], source: str) -> dict[str, Any]:
-    """Horizon's `rainbow.bcq` switch + `rainbow.bcq_drop_threshold` (default 0.1) as our
-    `rainbow.bcq_drop_threshold` (null = off): Horizon configs carry the threshold even
-    with the switch off."""
-    rainbow = data.get("rainbow")
-    if not isinstance(rainbow, dict) or "bcq" not in rainbow:
-        return data
-    rainbow = dict(rainbow)
-    on = rainbow.pop("bcq")
-    if on:
-        rainbow["bcq_drop_threshold"] = rainbow.get("bcq_drop_threshold", 0.1)
-    else:
-        rainbow["bcq_drop_threshold"] = None
-    logger.info(
-        "%s: rainbow.bcq (Horizon) read as rainbow.bcq_drop_threshold=%s",
-        source,
-        rainbow["bcq_drop_threshold"],
-    )
-    return {**data, "rainbow": rainbow}
-
-
 def _check_workflow_kind(data: dict[str, Any], cls: type[BaseModel], source: str) -> None:
     # A config meant for the other workflow would otherwise surface as a confusing
     # "unknown key: actions"; say what happened instead.
@@ -411,15 +285,3 @@ def model_of_annotation(annotation: Any) -> type[BaseModel] | None:
         if isinstance(arg, type) and issubclass(arg, BaseModel):
             return arg
     return None
-
-
-def _reject_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not a JSON value")
-
-
-def _show(value: Any, limit: int = 80) -> str:
-    try:
-        text = json.dumps(value)
-    except (TypeError, ValueError):
-        text = repr(value)
-    return text if len(text) <= limit else text[: limit - 3] + "..."

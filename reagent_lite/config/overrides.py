@@ -13,6 +13,7 @@ import json
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from reagent_lite.config.json_text import DuplicateKeys, parse_json, show
 from reagent_lite.errors import ConfigError
 
 Overrides = Mapping[str, Any] | Iterable[str]
@@ -26,19 +27,23 @@ def parse_override(text: str) -> tuple[str, Any]:
         raise ConfigError(
             f"override {text!r}: expected key.path=value (e.g. training.learning_rate=1e-4)"
         )
-    return key, parse_value(raw)
+    try:
+        return key, parse_value(raw)
+    except DuplicateKeys as exc:
+        dup = exc.duplicates[0]
+        raise ConfigError(
+            f"override {key}: {key}.{dup.path}: key given twice in the value, and JSON "
+            f"would silently keep the last (got {show(dup.first)}, then {show(dup.second)})"
+        ) from None
 
 
 def parse_value(raw: str) -> Any:
-    """JSON when it parses as JSON (NaN/Infinity excluded), else the string itself."""
+    """JSON when it parses as JSON (NaN/Infinity excluded), else the string itself;
+    `DuplicateKeys` when it is a JSON object that repeats a key."""
     try:
-        return json.loads(raw, parse_constant=_not_json)
+        return parse_json(raw)
     except ValueError:
         return raw
-
-
-def _not_json(name: str) -> Any:
-    raise ValueError(name)
 
 
 def as_pairs(overrides: Overrides | None) -> list[tuple[str, Any]]:
@@ -58,7 +63,9 @@ def apply_overrides(data: dict[str, Any], overrides: Overrides | None) -> dict[s
     """A copy of the raw config `data` with every override set (nested objects created as
     needed); `ConfigError` when a key path runs through a value that is not an object."""
     out = _copy(data)
-    for key, value in as_pairs(overrides):
+    pairs = as_pairs(overrides)
+    _check_given_once(pairs)
+    for key, value in pairs:
         parts = key.split(".")
         node = out
         for i, part in enumerate(parts[:-1]):
@@ -74,6 +81,30 @@ def apply_overrides(data: dict[str, Any], overrides: Overrides | None) -> dict[s
             node = child
         node[parts[-1]] = value
     return out
+
+
+def _check_given_once(pairs: list[tuple[str, Any]]) -> None:
+    """`ConfigError` when one setting is given twice with different values: the later
+    would silently win (`epochs=5 epochs=7`), or replace the earlier whole
+    (`training.learning_rate=0.1 training={...}`). The same value twice is harmless."""
+    seen: dict[str, Any] = {}
+    for key, value in pairs:
+        for earlier, before in seen.items():
+            same_key = earlier == key
+            if (same_key or earlier.startswith(key + ".")) and not _same(before, value):
+                first = f"{earlier}={show(before)}"
+                raise ConfigError(
+                    f"override {key}: given twice with different values (got {first}, then "
+                    f"{key}={show(value)}); the last would silently win: give it once"
+                )
+        seen[key] = value
+
+
+def _same(a: Any, b: Any) -> bool:
+    # As JSON: 1 and true, or 1 and 1.0, are different values for a config.
+    return json.dumps(a, sort_keys=True, default=repr) == json.dumps(
+        b, sort_keys=True, default=repr
+    )
 
 
 def _copy(value: Any) -> Any:

@@ -24,7 +24,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from reagent_lite.config.loader import _ANY, HORIZON_IGNORED, HORIZON_RENAMED
+from reagent_lite.config.horizon import _ANY, HORIZON_IGNORED, HORIZON_RENAMED
 from reagent_lite.config.models import DQNWorkflowConfig, ParametricDQNWorkflowConfig
 from reagent_lite.config.reference import REFERENCE_PATH, render_reference
 from reagent_lite.resources import in_checkout, schema_dir

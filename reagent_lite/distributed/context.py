@@ -15,6 +15,8 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
+# Re-exported: callers ask the context whether an error is a failed collective.
+from reagent_lite.distributed.failures import is_collective_error as is_collective_error
 from reagent_lite.distributed.peer_sum import PeerSum, agree_on_peer_sum
 from reagent_lite.torch_private import foreach_copy_
 
@@ -140,12 +142,6 @@ class DistContext:
         return self.device if self.backend == "nccl" else torch.device("cpu")
 
 
-def is_collective_error(err: BaseException) -> bool:
-    """True for the error a failed collective raises (a peer died, a timeout): the
-    launcher's to report, not a problem of the code that called the collective."""
-    return isinstance(err, dist.DistError)
-
-
 class GradAverage:
     """Averages the gradients of `params` over the ranks, as DDP does (divide by the world
     size, then sum): flattened into one buffer, one all-reduce, and the gradients become
@@ -158,7 +154,7 @@ class GradAverage:
     decides, every rank the same way (`peer_sum.agree_on_peer_sum`).
 
     With `scaled_backward` the caller's backward already multiplied the gradients by
-    `loss_scale` (1 / world size, as the seed of the backward: `trainers.common.BackwardSeed`)
+    `loss_scale` (1 / world size, as the seed of the backward: `trainers.optim.BackwardSeed`)
     and the average is the sum alone: one kernel less per step than dividing the flat
     buffer. For a power-of-two world size the bits are those of dividing afterwards
     (scaling by a power of two is exact); otherwise they differ by rounding (at bfloat16's

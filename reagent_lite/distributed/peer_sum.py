@@ -23,20 +23,18 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Mapping
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import torch
 from torch import Tensor
 
+from reagent_lite.distributed.failures import is_collective_error
 from reagent_lite.torch_private import (
     has_one_shot_sum,
     one_shot_sum,
     symmetric_empty,
     symmetric_rendezvous,
 )
-
-if TYPE_CHECKING:
-    from reagent_lite.distributed.context import DistContext
 
 log = logging.getLogger("reagent_lite")
 
@@ -45,6 +43,25 @@ P2P_ENV = "REAGENT_LITE_P2P_ALLREDUCE"
 # its traffic grows with G × size while a ring's stays ≈ 2 × size. Past this NCCL is used.
 MAX_BYTES = 8 << 20
 _DTYPES = (torch.float32, torch.bfloat16)  # what the operator sums
+
+
+class Group(Protocol):
+    """What the agreement needs of the job (a `DistContext` is one). Declared here rather
+    than imported, so that this module does not depend on the context that uses it."""
+
+    @property
+    def rank(self) -> int: ...
+    @property
+    def world_size(self) -> int: ...
+    @property
+    def procs_per_node(self) -> int: ...
+    @property
+    def device(self) -> torch.device: ...
+    @property
+    def backend(self) -> str: ...
+    @property
+    def is_rank_zero(self) -> bool: ...
+    def all_agree(self, ok: bool) -> bool: ...
 
 
 def peer_sum_blocker(
@@ -110,7 +127,7 @@ class PeerSum:
         return ok
 
 
-def agree_on_peer_sum(ctx: DistContext, numel: int, dtype: torch.dtype) -> PeerSum | None:
+def agree_on_peer_sum(ctx: Group, numel: int, dtype: torch.dtype) -> PeerSum | None:
     """A verified `PeerSum` on every rank, or None on every rank (then NCCL sums). Called by
     every rank at the same point, outside any CUDA graph capture."""
     why = peer_sum_blocker(
@@ -140,7 +157,7 @@ def agree_on_peer_sum(ctx: DistContext, numel: int, dtype: torch.dtype) -> PeerS
         if not peer.verify(ctx.rank, ctx.world_size):
             why, peer = "the one-shot sum of a test buffer was wrong", None
     except Exception as err:
-        if _is_collective_error(err):
+        if is_collective_error(err):
             raise  # a peer died: the launcher's error, not a reason to fall back
         why, peer = f"symmetric memory failed: {_first_line(err)}", None
     if not ctx.all_agree(peer is not None):
@@ -149,7 +166,7 @@ def agree_on_peer_sum(ctx: DistContext, numel: int, dtype: torch.dtype) -> PeerS
     return peer
 
 
-def _declined(ctx: DistContext, why: str, *, failed: bool = True) -> None:
+def _declined(ctx: Group, why: str, *, failed: bool = True) -> None:
     """Says why the sum stays on NCCL: this rank's reason, or that another rank had one. A
     setup (gloo, several nodes, the switch) is worth an info line; a failure a warning."""
     level = logging.WARNING if failed else logging.INFO
@@ -161,9 +178,3 @@ def _declined(ctx: DistContext, why: str, *, failed: bool = True) -> None:
 
 def _first_line(err: BaseException) -> str:
     return (str(err).splitlines() or [type(err).__name__])[0][:200]
-
-
-def _is_collective_error(err: BaseException) -> bool:
-    from reagent_lite.distributed.context import is_collective_error
-
-    return is_collective_error(err)

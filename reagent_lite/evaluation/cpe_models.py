@@ -21,13 +21,9 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from reagent_lite.data.tensordict import TensorDict
-from reagent_lite.trainers.common import (
-    BackwardSeed,
-    SoftUpdate,
-    adam,
-    load_optimizer_state,
-    unwrap,
-)
+from reagent_lite.discount import transition_discount
+from reagent_lite.trainers.common import unwrap
+from reagent_lite.trainers.optim import BackwardSeed, SoftUpdate, adam, load_optimizer_state
 
 _NEG = -1e9
 
@@ -153,7 +149,9 @@ class CpeModelTrainer:
             mask_next = kind.candidate_mask(batch, next_state=True)
             pi_next = self.policy.probs(q_next, mask_next)
             v_next = (pi_next * kind.q_all(self.target_value, batch, next_state=True)).sum(-1)
-            discount = torch.pow(self.gamma, batch.time_diff) if self.use_time_diff else self.gamma
+            discount = transition_discount(
+                self.gamma, batch.time_diff, use_time_diff=self.use_time_diff
+            )
             target = batch.reward + (1.0 - batch.terminal) * discount * v_next
         idx = kind.logged_index(batch)
         valid = (idx >= 0).to(batch.reward.dtype)

@@ -9,9 +9,8 @@ Notation (episode i, step t = position within the episode, 0-based after sorting
 sequence_number): `rho_t = prod_{k<=t} pi(a_k|s_k) / mu(a_k|s_k)` (cumulative importance
 weight, `rho_{-1} = 1`); `d_t^i = gamma^(tau_t^i)` the discount of step t, where `tau_t^i`
 is the time elapsed since the episode's first step, the sum of the earlier steps'
-`time_diff` (= t when every time_diff is 1). That is how training discounts, γ^time_diff
-per transition, so the estimators value the return the Q-network learns. All three
-estimators share one form,
+`time_diff` (the project's one rule, `reagent_lite.discount`: the return training
+optimises). All three estimators share one form,
 
     sum_t sum_i d_t^i [ w_t^i (r_t^i - q_t^i) + w_{t-1}^i v_t^i ],
 
@@ -39,6 +38,7 @@ from __future__ import annotations
 import numpy as np
 import numpy.typing as npt
 
+from reagent_lite.discount import episode_discounts, sequence_gaps
 from reagent_lite.evaluation.cpe import (
     CpeEstimate,
     FloatArray,
@@ -72,8 +72,8 @@ def sequential_estimates(
 
     Args:
         mdp_ids: `[N]` episode id per row (any sortable dtype: int or str).
-        sequence_numbers: `[N]` step order within the episode (unique per episode; gaps are
-            allowed: discounting follows `time_diffs`, not the raw numbers).
+        sequence_numbers: `[N]` step order within the episode (unique per episode; gaps
+            count as time only where `time_diffs` is None).
         rewards: `[N]` logged rewards.
         logged_propensity: `[N]` logging-policy probability of the logged action, in (0, 1].
         target_prob_logged: `[N]` target-policy probability of the logged action.
@@ -81,7 +81,9 @@ def sequential_estimates(
         v_hat: `[N]` model value of the state under the target policy.
         gamma: discount factor in [0, 1].
         time_diffs: `[N]` time from each step to the next (≥ 0), the exponent training
-            discounts the transition with; None = 1 for every step (discount by position).
+            discounts the transition with (the evaluator passes the table's, 1 for every
+            row unless `rl.use_seq_num_diff_as_time_diff`); None = the sequence-number
+            gaps, as the timeline writes `time_diff` and Horizon valued a logged episode.
         n_bootstrap: bootstrap replicates over episodes; 0 = no standard errors (NaN), and
             MAGIC then falls back to WDR (its blend weights need the bootstrap).
         seed: bootstrap seed.
@@ -104,7 +106,7 @@ def sequential_estimates(
         time_diffs,
     )
     n_ep, horizon = ep.rewards.shape
-    discounts = gamma**ep.elapsed  # d_t^i, [M, T]
+    discounts = episode_discounts(gamma, ep.steps)  # d_t^i, [M, T]
 
     cum = np.cumprod(ep.ratios, axis=1)
     prev = np.hstack([np.ones((n_ep, 1)), cum[:, :-1]])
@@ -150,13 +152,13 @@ class _EpisodeTable:
         ratios: FloatArray,
         q_hat: FloatArray,
         v_hat: FloatArray,
-        elapsed: FloatArray,
+        steps: FloatArray,
     ) -> None:
         self.rewards = rewards
         self.ratios = ratios
         self.q_hat = q_hat
         self.v_hat = v_hat
-        self.elapsed = elapsed  # time since the episode's first step (padding: irrelevant)
+        self.steps = steps  # each step's time_diff (padding: irrelevant, nothing follows)
 
     @classmethod
     def build(
@@ -181,7 +183,7 @@ class _EpisodeTable:
             "target_prob_logged": target_prob_logged,
             "q_hat_logged": q_hat_logged,
             "v_hat": v_hat,
-            "time_diffs": np.ones(n) if time_diffs is None else time_diffs,
+            "time_diffs": np.zeros(n) if time_diffs is None else time_diffs,  # None: below
         }
         arrays = {k: np.asarray(v, dtype=np.float64).reshape(-1) for k, v in cols.items()}
         for name, arr in [("sequence_numbers", seq), *arrays.items()]:
@@ -215,16 +217,16 @@ class _EpisodeTable:
             out[codes, pos] = values[order]
             return out
 
-        # Elapsed time at step t: the time_diffs of steps 0..t-1 of the same episode.
         steps = scatter(arrays["time_diffs"], 0.0)
-        elapsed = np.hstack([np.zeros((shape[0], 1)), np.cumsum(steps, axis=1)[:, :-1]])
+        if time_diffs is None:
+            steps[codes, pos] = sequence_gaps(codes, seq)  # rows already in (episode, seq) order
 
         return cls(
             rewards=scatter(arrays["rewards"], 0.0),
             ratios=scatter(arrays["target_prob_logged"] / mu, 1.0),
             q_hat=scatter(arrays["q_hat_logged"], 0.0),
             v_hat=scatter(arrays["v_hat"], 0.0),
-            elapsed=elapsed,
+            steps=steps,
         )
 
 

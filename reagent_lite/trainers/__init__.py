@@ -10,10 +10,10 @@ from reagent_lite.trainers.common import (
     DQNLoss,
     QLearningTrainer,
     build_optimizer,
-    soft_update,
     td_loss,
 )
 from reagent_lite.trainers.dqn import DiscreteBatch, DQNTrainer, reward_boost_vector
+from reagent_lite.trainers.optim import soft_update
 from reagent_lite.trainers.parametric_dqn import ParametricBatch, ParametricDQNTrainer
 
 __all__ = [

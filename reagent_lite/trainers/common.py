@@ -19,8 +19,20 @@ import torch.nn.functional as F
 from torch import nn
 
 from reagent_lite.config import BaseWorkflowConfig
+from reagent_lite.discount import transition_discount
 from reagent_lite.errors import ConfigError
-from reagent_lite.torch_private import foreach_lerp_
+
+# The mask maths and step mechanics live in their own modules; the names stay importable
+# from here (`as` marks a re-export).
+from reagent_lite.trainers.masked import double_q_value as double_q_value
+from reagent_lite.trainers.masked import masked_argmax as masked_argmax
+from reagent_lite.trainers.masked import masked_logsumexp as masked_logsumexp
+from reagent_lite.trainers.masked import masked_max as masked_max
+from reagent_lite.trainers.optim import BackwardSeed as BackwardSeed
+from reagent_lite.trainers.optim import SoftUpdate as SoftUpdate
+from reagent_lite.trainers.optim import adam as adam
+from reagent_lite.trainers.optim import load_optimizer_state as load_optimizer_state
+from reagent_lite.trainers.optim import soft_update as soft_update
 
 OPTIMIZERS = ("adam", "adamw", "sgd", "rmsprop")
 LOSSES = ("mse", "huber")
@@ -123,38 +135,6 @@ class DQNLoss:
         }
 
 
-def adam(
-    params: Iterable[nn.Parameter], lr: float, *, weight_decay: float = 0.0, decoupled: bool = False
-) -> torch.optim.Optimizer:
-    """Adam (AdamW with `decoupled`), fused where the parameters' device has the kernel:
-    one kernel per step over all parameters (CUDA, and CPU since torch 2.4) instead of a
-    dozen per-tensor passes; on the CPU reference step that is ~7%."""
-    plist = list(params)
-    fused = bool(plist) and all(p.device.type in ("cpu", "cuda") for p in plist)
-    cls = torch.optim.AdamW if decoupled else torch.optim.Adam
-    return cls(plist, lr=lr, weight_decay=weight_decay, fused=fused or None)
-
-
-def load_optimizer_state(optimizer: torch.optim.Optimizer, state: Mapping[str, Any]) -> None:
-    """`optimizer.load_state_dict(state)`, keeping this run's kernel choice: a checkpoint's
-    groups carry the choice of the run that wrote it (e.g. not fused, from before CPU Adam
-    was fused, or on another device). torch places a loaded step counter by the *saved*
-    group's choice (on the parameter's device, float32, only for a fused or capturable
-    one), so for a group fused here the counters are placed as the fused kernel needs."""
-    kernels = [{k: g.get(k) for k in ("fused", "foreach")} for g in optimizer.param_groups]
-    optimizer.load_state_dict(state)  # type: ignore[arg-type]
-    for group, chosen in zip(optimizer.param_groups, kernels, strict=True):
-        group.update(chosen)
-        if not (group.get("fused") or group.get("capturable")):
-            continue
-        for p in group["params"]:
-            step = optimizer.state.get(p, {}).get("step")
-            if isinstance(step, torch.Tensor) and (
-                step.device != p.device or step.dtype != torch.float32
-            ):
-                optimizer.state[p]["step"] = step.to(device=p.device, dtype=torch.float32)
-
-
 def build_optimizer(params: Iterable[nn.Parameter], hp: DQNHyperParams) -> torch.optim.Optimizer:
     """The configured optimizer with `l2_decay` as weight decay."""
     plist = list(params)
@@ -171,77 +151,6 @@ def td_loss(q: torch.Tensor, target: torch.Tensor, kind: str) -> torch.Tensor:
     if kind == "huber":
         return F.smooth_l1_loss(q, target, beta=1.0)
     return F.mse_loss(q, target)
-
-
-class SoftUpdate:
-    """target ← (1 − τ)·target + τ·online, one fused foreach kernel over all parameters.
-
-    The parameter lists are taken once: walking the module tree every step costs more
-    than the update itself on a CPU. They hold the `Parameter` objects, which `.to()` and
-    an in-place `load_state_dict` keep; whatever replaces them (`load_state_dict(...,
-    assign=True)`, buffers moved by `.to()`) must call `refresh()`."""
-
-    def __init__(self, target: nn.Module, online: nn.Module):
-        self.target, self.online = target, online
-        self.refresh()
-
-    def refresh(self) -> None:
-        self.targets: list[torch.Tensor] = list(self.target.parameters())
-        self.sources: list[torch.Tensor] = list(self.online.parameters())
-        self.buffers = list(zip(self.target.buffers(), self.online.buffers(), strict=True))
-
-    @torch.no_grad()
-    def __call__(self, tau: float) -> None:
-        if self.targets:
-            foreach_lerp_(self.targets, self.sources, tau)
-        for t_buf, o_buf in self.buffers:
-            t_buf.copy_(o_buf)
-
-
-def soft_update(target: nn.Module, online: nn.Module, tau: float) -> None:
-    """One soft update of `target` towards `online` (see `SoftUpdate`)."""
-    SoftUpdate(target, online)(tau)
-
-
-def masked_max(values: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Row max and argmax of `values` [B, K] over entries with `mask` > 0.
-
-    Masked entries are replaced by the dtype's lowest finite value rather than −inf so that
-    nothing downstream sees inf − inf. Returns (max, argmax); a row with no valid entry
-    gets max 0 (and an arbitrary argmax).
-    """
-    valid = mask > 0
-    best, idx = _lowest_where_invalid(values, valid).max(dim=1)
-    return torch.where(valid.any(dim=1), best, 0.0), idx
-
-
-def masked_argmax(values: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Row argmax of `values` [B, K] over entries with `mask` > 0 (ties: the first, as
-    `masked_max`) and whether the row has any such entry (if not, the index is arbitrary)."""
-    valid = mask > 0
-    return _lowest_where_invalid(values, valid).argmax(dim=1), valid.any(dim=1)
-
-
-def double_q_value(
-    online_q: torch.Tensor, target_q: torch.Tensor, mask: torch.Tensor
-) -> torch.Tensor:
-    """Double Q's next-state value [B]: `target_q` at the action the online net rates best
-    among those with `mask` > 0 (ties: the first, as `masked_max`); rows with none get 0."""
-    best, any_valid = masked_argmax(online_q, mask)
-    value = target_q.gather(1, best.unsqueeze(1)).squeeze(1)
-    return torch.where(any_valid, value, 0.0)
-
-
-def _lowest_where_invalid(values: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
-    """`values` with entries not `valid` replaced by the dtype's lowest finite value."""
-    return torch.where(valid, values, torch.finfo(values.dtype).min)
-
-
-def masked_logsumexp(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """Row logsumexp over valid entries; rows with none give 0 (finite value and gradient)."""
-    valid = mask > 0
-    lse = _lowest_where_invalid(values, valid).logsumexp(dim=1)
-    return torch.where(valid.any(dim=1), lse, 0.0)
 
 
 def unwrap(module: nn.Module) -> nn.Module:
@@ -268,26 +177,6 @@ BatchT = TypeVar("BatchT", bound=TransitionBatch)
 # What a trainer's `_q_logged` returns: Q of the logged action [B], Q of the candidates
 # [B, K] and a loss of its own to add to the step's (BCQ's imitation loss), or None.
 QLogged = tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]
-
-
-class BackwardSeed:
-    """`seed(loss, scale)`: what `loss.backward()` starts from so that every gradient comes
-    out multiplied by `scale` (None for 1: autograd's own seed). The factor is a device
-    scalar made once per (scale, dtype, device), so inside a captured step it costs no
-    kernel: a micro-batch's 1/n, and where the caller's all-reduce does not divide, the
-    1/world size of gradient averaging, ride on the backward itself."""
-
-    def __init__(self) -> None:
-        self._seeds: dict[tuple[float, torch.dtype, torch.device], torch.Tensor] = {}
-
-    def __call__(self, loss: torch.Tensor, scale: float) -> torch.Tensor | None:
-        if scale == 1.0:
-            return None
-        key = (scale, loss.dtype, loss.device)
-        seed = self._seeds.get(key)
-        if seed is None:
-            seed = self._seeds[key] = torch.full((), scale, dtype=loss.dtype, device=loss.device)
-        return seed
 
 
 class QLearningTrainer(Generic[BatchT]):
@@ -345,10 +234,10 @@ class QLearningTrainer(Generic[BatchT]):
 
     # -- shared maths ----------------------------------------------------------------------
     def discount(self, batch: BatchT) -> torch.Tensor | float:
-        """γ^time_diff when time gaps count, else γ for every row."""
-        if self.hp.use_seq_num_diff_as_time_diff:
-            return torch.pow(self.hp.gamma, batch.time_diff)
-        return self.hp.gamma
+        """γ^time_diff when time gaps count, else γ for every row (`reagent_lite.discount`)."""
+        return transition_discount(
+            self.hp.gamma, batch.time_diff, use_time_diff=self.hp.use_seq_num_diff_as_time_diff
+        )
 
     @torch.no_grad()
     def compute_target(self, batch: BatchT) -> torch.Tensor:

@@ -20,13 +20,8 @@ from torch import nn
 from reagent_lite.config import DQNWorkflowConfig
 from reagent_lite.errors import ConfigError
 from reagent_lite.models.bcq import BCQQNetwork
-from reagent_lite.trainers.common import (
-    DQNHyperParams,
-    QLearningTrainer,
-    QLogged,
-    double_q_value,
-    masked_max,
-)
+from reagent_lite.trainers.common import DQNHyperParams, QLearningTrainer, QLogged
+from reagent_lite.trainers.masked import double_q_value, masked_max
 
 
 class DiscreteBatch(Protocol):

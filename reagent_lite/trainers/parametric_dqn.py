@@ -13,13 +13,8 @@ import torch
 from torch import nn
 
 from reagent_lite.config import BaseWorkflowConfig
-from reagent_lite.trainers.common import (
-    DQNHyperParams,
-    QLearningTrainer,
-    QLogged,
-    masked_argmax,
-    masked_max,
-)
+from reagent_lite.trainers.common import DQNHyperParams, QLearningTrainer, QLogged
+from reagent_lite.trainers.masked import masked_argmax, masked_max
 
 
 class ParametricBatch(Protocol):

@@ -121,8 +121,9 @@ def main() -> None:
         gc.disable()  # only the launcher's own collection may free the DDP's cycle
     Path(a.out).mkdir(parents=True, exist_ok=True)
     if a.preempt_grace is not None:
-        # The package exports the function `launch`, which hides the module of that name.
-        sys.modules["reagent_lite.distributed.launch"]._PREEMPT_GRACE_S = a.preempt_grace
+        from reagent_lite.distributed import children
+
+        children._PREEMPT_GRACE_S = a.preempt_grace
     try:
         plan = plan_launch(
             num_nodes=a.num_nodes,

@@ -136,7 +136,7 @@ def test_spawned_worker_error_keeps_class_and_message(cluster: Cluster) -> None:
 def test_release_frames_reaches_causes_contexts_and_group_members() -> None:
     """What a failed rank lets go of: the locals of every frame its error, the errors it
     was raised from or while handling, and an exception group's members, still hold."""
-    from reagent_lite.distributed.launch import _release_frames
+    from reagent_lite.distributed.worker import _release_frames
 
     group_type = getattr(builtins, "ExceptionGroup", None)
     if group_type is None:
@@ -326,7 +326,7 @@ def test_spawned_workers_die_with_their_launcher(cluster: Cluster) -> None:
 _ABORT_THEN_RESTART = """
 import sys
 import torch.distributed as dist
-from reagent_lite.distributed.launch import _abort_groups
+from reagent_lite.distributed.worker import _abort_groups
 
 first, second = sys.argv[1:3]
 dist.init_process_group("gloo", init_method=first, rank=0, world_size=1)

@@ -23,6 +23,9 @@ TABLE = {
     "target_prob_logged": np.array([0.5, 0.25, 1.0]),
     "q_hat_logged": np.array([1.5, 2.0, 0.6]),
     "v_hat": np.array([1.0, 1.0, 0.8]),
+    # One step per row, as the evaluator passes them with rl.use_seq_num_diff_as_time_diff
+    # off: the gap 3 -> 7 does not count.
+    "time_diffs": np.ones(3),
 }
 # Logged discounted returns: a = 1 + .5 * 2 = 2, b = 3.
 LOGGED_VALUE = 2.5
@@ -204,8 +207,10 @@ def test_monte_carlo_mdp_within_three_standard_errors() -> None:
         assert abs(e.raw - true_value) < 3 * e.raw_std_error, (key, e.raw, true_value)
 
 
-# Horizon's `compute_episode_value_from_samples` example: (mdp_id, sequence_number, reward)
-# at γ = 0.5, discounting by γ^(sequence-number gap); the value from each step onward.
+# Horizon's own case: `Evaluator.compute_episode_value_from_samples` in its unit test
+# (facebookresearch/ReAgent, ml/rl/test/evaluator/test_evaluator.py,
+# `test_compute_episode_value_from_samples`): (mdp_id, sequence_number, reward) at γ = 0.5,
+# discounted by γ^(sequence-number gap); the expected value from each step onward.
 HORIZON_SAMPLES = [
     ("1", 3, 1.0), ("1", 5, 2.0), ("1", 6, 1.0),
     ("3", 10, 2.0), ("3", 11, 1.0),
@@ -249,15 +254,24 @@ def test_discounting_follows_time_diff_as_training_does(start: int) -> None:
         assert out[name].raw == HORIZON_VALUES[start], name
 
 
-def test_whole_horizon_example_and_position_discounting_without_time_diffs() -> None:
+def test_horizon_logged_value_from_sequence_numbers_alone() -> None:
+    """Horizon's case as Horizon gave it (no time_diff): the sequence-number gaps are the
+    time, so the logged episode value is Horizon's (1.625 + 2.5 + 3.515625) / 3 = 2.547 —
+    the same as with the timeline's time_diff column; one step per row (training's γ per
+    transition with rl.use_seq_num_diff_as_time_diff off) values it at 2.958."""
     ids = np.array([s[0] for s in HORIZON_SAMPLES])
     seq = np.array([s[1] for s in HORIZON_SAMPLES])
     rewards = np.array([s[2] for s in HORIZON_SAMPLES])
     n = len(ids)
     args = (ids, seq, rewards, np.ones(n), np.ones(n), np.zeros(n), np.zeros(n))
+    horizon = (1.625 + 2.5 + 3.515625) / 3
+    assert round(horizon, 3) == 2.547
+    given_nothing = sequential_estimates(*args, gamma=0.5, n_bootstrap=0)
     timed = sequential_estimates(
         *args, gamma=0.5, time_diffs=_time_diffs(list(ids), list(seq)), n_bootstrap=0
     )
-    assert timed["sequential_doubly_robust"].raw == pytest.approx((1.625 + 2.5 + 3.515625) / 3)
-    by_position = sequential_estimates(*args, gamma=0.5, n_bootstrap=0)
-    assert by_position["sequential_doubly_robust"].raw == pytest.approx((2.25 + 2.5 + 4.125) / 3)
+    for out in (given_nothing, timed):
+        for name in ("sequential_doubly_robust", "weighted_doubly_robust", "magic"):
+            assert out[name].raw == pytest.approx(horizon), name
+    by_step = sequential_estimates(*args, gamma=0.5, time_diffs=np.ones(n), n_bootstrap=0)
+    assert by_step["sequential_doubly_robust"].raw == pytest.approx((2.25 + 2.5 + 4.125) / 3)

@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch import nn
 
-from reagent_lite.trainers.common import adam, load_optimizer_state
+from reagent_lite.trainers.optim import adam, load_optimizer_state
 
 
 def net() -> nn.Module:

@@ -9,7 +9,7 @@ import torch
 
 from reagent_lite.models import ParametricQNetwork
 from reagent_lite.trainers import DQNHyperParams, ParametricDQNTrainer
-from reagent_lite.trainers.common import double_q_value
+from reagent_lite.trainers.masked import double_q_value
 from tests.trainers.helpers import (
     action_valued_net,
     random_parametric_batch,

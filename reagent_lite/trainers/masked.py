@@ -1,0 +1,47 @@
+"""Row-wise maxima, argmaxima and logsumexp of Q over the entries a mask allows (the
+possible actions, or a row's candidates), finite where a row allows none."""
+
+from __future__ import annotations
+
+import torch
+
+
+def masked_max(values: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Row max and argmax of `values` [B, K] over entries with `mask` > 0.
+
+    Masked entries are replaced by the dtype's lowest finite value rather than −inf so that
+    nothing downstream sees inf − inf. Returns (max, argmax); a row with no valid entry
+    gets max 0 (and an arbitrary argmax).
+    """
+    valid = mask > 0
+    best, idx = _lowest_where_invalid(values, valid).max(dim=1)
+    return torch.where(valid.any(dim=1), best, 0.0), idx
+
+
+def masked_argmax(values: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Row argmax of `values` [B, K] over entries with `mask` > 0 (ties: the first, as
+    `masked_max`) and whether the row has any such entry (if not, the index is arbitrary)."""
+    valid = mask > 0
+    return _lowest_where_invalid(values, valid).argmax(dim=1), valid.any(dim=1)
+
+
+def double_q_value(
+    online_q: torch.Tensor, target_q: torch.Tensor, mask: torch.Tensor
+) -> torch.Tensor:
+    """Double Q's next-state value [B]: `target_q` at the action the online net rates best
+    among those with `mask` > 0 (ties: the first, as `masked_max`); rows with none get 0."""
+    best, any_valid = masked_argmax(online_q, mask)
+    value = target_q.gather(1, best.unsqueeze(1)).squeeze(1)
+    return torch.where(any_valid, value, 0.0)
+
+
+def _lowest_where_invalid(values: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+    """`values` with entries not `valid` replaced by the dtype's lowest finite value."""
+    return torch.where(valid, values, torch.finfo(values.dtype).min)
+
+
+def masked_logsumexp(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Row logsumexp over valid entries; rows with none give 0 (finite value and gradient)."""
+    valid = mask > 0
+    lse = _lowest_where_invalid(values, valid).logsumexp(dim=1)
+    return torch.where(valid.any(dim=1), lse, 0.0)
