@@ -18,22 +18,25 @@ import contextlib
 import errno
 import os
 import re
-import shutil
-import tempfile
 import threading
 from collections.abc import Callable, Collection, Generator, Iterator
 from contextlib import closing, contextmanager
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import duckdb
 import numpy as np
 import pyarrow as pa
 
-from reagent_lite.errors import ConfigError, DataError, ReagentLiteError
+from reagent_lite.errors import DataError, ReagentLiteError
 from reagent_lite.timeline.ahead import read_ahead
 from reagent_lite.timeline.buckets import SortSettings, sorted_runs
+from reagent_lite.timeline.connection import (
+    DuckSettings,
+    connect,
+    memory_limit_bytes,
+    setting,
+    sql_string,
+)
 from reagent_lite.timeline.files import step_files
 from reagent_lite.timeline.pairing import Layout, transitions
 from reagent_lite.timeline.query import (
@@ -48,7 +51,6 @@ from reagent_lite.timeline.query import (
 from reagent_lite.timeline.scan import DuckScan, ReadError, Scan, open_parquet
 from reagent_lite.timeline.tables import ROW_GROUP_SIZE, TableFile
 
-DEFAULT_MEMORY_LIMIT = "1GB"
 # Rows per run of transitions (whole episodes: at least this many), one row group's
 # worth: per-run work stays amortised and the runs in flight stay small.
 RUN_ROWS = ROW_GROUP_SIZE
@@ -94,83 +96,6 @@ def duck_kind(type_name: str) -> Kind:
     return "other"
 
 
-@dataclass(frozen=True)
-class DuckSettings:
-    """How DuckDB may use the machine."""
-
-    memory_limit: str = DEFAULT_MEMORY_LIMIT  # e.g. "1GB", "16GB"
-    threads: int | None = None  # None: every core
-    temp_dir: str | None = None  # where sorts spill; None: the system's temp directory
-
-
-# Memory each DuckDB thread needs for this workload (sorts of rows with nested columns):
-# on a 64-core host, every core under the default 1GB limit ran out of memory.
-_BYTES_PER_THREAD = 128 * 2**20
-_UNITS = {"B": 1, "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40,
-          "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12}  # fmt: skip
-
-
-def _default_threads(con: duckdb.DuckDBPyConnection) -> int:
-    """Every core DuckDB sees, but no more than the memory limit gives 128 MiB each."""
-    cores = setting(con, "threads")
-    size = memory_limit_bytes(con)
-    if size is None:  # a limit DuckDB spells otherwise: keep its own choice
-        return int(cores)
-    return max(1, min(int(cores), int(size // _BYTES_PER_THREAD)))
-
-
-def setting(con: duckdb.DuckDBPyConnection, name: str) -> Any:
-    """A DuckDB setting's value (fetched to the end: DuckDB 2 refuses another query on a
-    connection whose last result is unfinished)."""
-    return con.execute(f"SELECT current_setting('{name}')").fetchall()[0][0]
-
-
-def memory_limit_bytes(con: duckdb.DuckDBPyConnection) -> int | None:
-    """The connection's memory limit in bytes (None if DuckDB spells it unexpectedly)."""
-    limit = setting(con, "memory_limit")
-    match = re.fullmatch(r"\s*([\d.]+)\s*([KMGT]?I?B)\s*", str(limit).upper())
-    return None if match is None else int(float(match.group(1)) * _UNITS[match.group(2)])
-
-
-@contextmanager
-def connect(settings: DuckSettings) -> Iterator[duckdb.DuckDBPyConnection]:
-    """An in-memory DuckDB connection that spills to a private temporary directory."""
-    try:
-        spill = tempfile.mkdtemp(prefix="reagent-timeline-", dir=settings.temp_dir)
-    except OSError as err:
-        raise _flag_error(
-            "--temp-dir", settings.temp_dir, "a directory it can write in", err
-        ) from err
-    con = duckdb.connect(":memory:")
-    try:
-        try:
-            con.execute(f"SET memory_limit = '{settings.memory_limit}'")
-        except duckdb.Error as err:
-            raise _flag_error(
-                "--memory-limit", settings.memory_limit, "a size such as 1GB or 512MB", err
-            ) from err
-        if settings.threads is not None:
-            con.execute(f"SET threads = {int(settings.threads)}")
-        else:
-            con.execute(f"SET threads = {_default_threads(con)}")
-        con.execute(f"SET temp_directory = '{_sql_string(spill)}'")
-        # Row order inside a query is not needed (the output is sorted); this lets DuckDB
-        # stream and spill more freely.
-        con.execute("SET preserve_insertion_order = false")
-        yield con
-    finally:
-        con.close()
-        shutil.rmtree(spill, ignore_errors=True)
-
-
-def _flag_error(flag: str, value: object, expected: str, err: Exception) -> ConfigError:
-    return ConfigError(f"{flag}: bad value {value!r}; expected {expected} ({err})")
-
-
-def _sql_string(text: str) -> str:
-    return text.replace("'", "''")
-
-
 def describe(con: duckdb.DuckDBPyConnection, source: str) -> StepColumns:
     rows = con.execute("DESCRIBE steps").fetchall()
     return StepColumns({r[0]: (str(r[1]), duck_kind(str(r[1]))) for r in rows}, source)
@@ -182,7 +107,7 @@ def open_steps(
     """Register the step log at `path` as the view `steps`; its columns, checked, and the
     scan that reads its rows (Arrow's where it reads what DuckDB does, else DuckDB's)."""
     fmt, files = step_files(path)
-    listed = "[" + ", ".join(f"'{_sql_string(str(f))}'" for f in files) + "]"
+    listed = "[" + ", ".join(f"'{sql_string(str(f))}'" for f in files) + "]"
     source = str(path)
     try:
         if fmt == "parquet":
@@ -191,7 +116,7 @@ def open_steps(
             reader = f"read_json({listed}, format = 'newline_delimited'"
             inferred = con.execute(f"DESCRIBE SELECT * FROM {reader})").fetchall()
             spec = ", ".join(
-                f"'{_sql_string(str(r[0]))}': '{_json_type(str(r[1]))}'" for r in inferred
+                f"'{sql_string(str(r[0]))}': '{_json_type(str(r[1]))}'" for r in inferred
             )
             con.execute(f"CREATE TEMP TABLE steps AS SELECT * FROM {reader}, columns = {{{spec}}})")
         columns = describe(con, source)
