@@ -18,6 +18,7 @@ from pathlib import Path
 
 from reagent_lite.errors import ConfigError, ReagentLiteError
 from reagent_lite.timeline import DEFAULT_MEMORY_LIMIT, DuckSettings
+from reagent_lite.timeline.files import check_outputs
 from reagent_lite.timeline.query import Side
 
 ENGINES = ("duckdb", "spark")
@@ -88,6 +89,7 @@ def run(args: argparse.Namespace) -> dict[Side, int]:
         raise ConfigError(
             f"--eval-output: {args.eval_output} is also --output; expected two different files"
         )
+    check_outputs(args.input, {"--output": args.output, "--eval-output": args.eval_output})
     outputs = _outputs(args)
     if args.engine == "spark":
         from reagent_lite.timeline import spark

@@ -4,6 +4,7 @@ Lines, out of core, in row groups sized for sharding; bad input and bad flags.""
 from __future__ import annotations
 
 import gzip
+import os
 import shutil
 
 import pyarrow as pa
@@ -262,3 +263,29 @@ def test_paths_with_quotes_work(steps, tmp_path) -> None:
     jsonl = write_jsonl(steps, folder / "st'eps.jsonl")
     rc, text = run_cli("--input", str(jsonl), "--output", str(out))
     assert rc == 0, text
+
+
+def test_an_output_that_would_replace_the_input_is_refused(steps, tmp_path) -> None:
+    """`--output` equal to `--input` replaced the step log with the table (exit 0)."""
+    src = tmp_path / "s.parquet"
+    pq.write_table(steps, src)
+    before = src.read_bytes()
+    (tmp_path / "link.parquet").symlink_to(src)
+    os.link(src, tmp_path / "hard.parquet")
+    parts = write_parts(steps, tmp_path / "parts")
+    other = str(tmp_path / "t.parquet")
+    cases = [
+        (str(src), ["--output", str(src)], "--output"),
+        (str(src), ["--output", str(tmp_path / "link.parquet")], "--output"),
+        (str(src), ["--output", str(tmp_path / "hard.parquet")], "--output"),
+        (str(src), ["--output", other, "--eval-output", str(src)], "--eval-output"),
+        (f"file://{src}", ["--output", other, "--eval-output", str(src)], "--eval-output"),
+        (str(parts), ["--output", str(parts / "t.parquet")], "--output"),
+        (str(parts / "part-00000.parquet"), ["--output", str(parts)], "--output"),
+    ]
+    for input_path, flags, flag in cases:
+        rc, text = run_cli("--input", input_path, *flags)
+        assert rc == 2 and f"{flag}: " in text and "--input" in text, (flags, text)
+        assert "Traceback" not in text
+    assert src.read_bytes() == before and not (tmp_path / "t.parquet").exists()
+    assert sorted(p.name for p in parts.iterdir()) == [f"part-{k:05d}.parquet" for k in range(3)]
