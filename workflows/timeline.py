@@ -2,7 +2,8 @@
 
     python -m workflows.timeline --input steps.parquet --output train.parquet \
         [--eval-output eval.parquet] [--eval-fraction 0.1] [--seed 0] \
-        [--engine duckdb|spark] [--memory-limit 1GB] [--threads N] [--temp-dir DIR]
+        [--engine duckdb|spark] [--memory-limit 1GB] [--threads N] [--temp-dir DIR] \
+        [--null-propensity error|one]
 
 Without `--eval-output` every episode goes to `--output` (the eval fraction is then 0).
 Bad input prints one message and exits 3 (`DataError`); bad flags, or an engine whose
@@ -16,6 +17,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from reagent_lite.cli import configure_logging
 from reagent_lite.errors import ConfigError, ReagentLiteError
 from reagent_lite.timeline import DEFAULT_MEMORY_LIMIT, DuckSettings
 from reagent_lite.timeline.files import check_outputs
@@ -44,6 +46,14 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         help="share of episodes (by hash of mdp_id) that go to --eval-output",
     )
     parser.add_argument("--seed", type=int, default=0, help="salt of the train/eval hash")
+    parser.add_argument(
+        "--null-propensity",
+        "--null_propensity",
+        choices=("error", "one"),
+        default="error",
+        help="a null action_probability: a bad row (error, the default), or 1.0, a "
+        "deterministic logging policy as Horizon logged it, with the count logged (one)",
+    )
     parser.add_argument(
         "--engine",
         choices=ENGINES,
@@ -95,7 +105,11 @@ def run(args: argparse.Namespace) -> dict[Side, int]:
         from reagent_lite.timeline import spark
 
         return spark.write_sides(
-            args.input, outputs, eval_fraction=args.eval_fraction, seed=args.seed
+            args.input,
+            outputs,
+            eval_fraction=args.eval_fraction,
+            seed=args.seed,
+            null_propensity=args.null_propensity,
         )
     from reagent_lite.timeline import duck
 
@@ -110,11 +124,13 @@ def run(args: argparse.Namespace) -> dict[Side, int]:
         eval_fraction=args.eval_fraction,
         seed=args.seed,
         settings=settings,
+        null_propensity=args.null_propensity,
     )
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
+    configure_logging()  # the counted warnings (null propensities, absorbing steps)
     try:
         written = run(args)
     except ReagentLiteError as err:
