@@ -7,7 +7,7 @@
 
 Without `--eval-output` every episode goes to `--output` (the eval fraction is then 0).
 Bad input prints one message and exits 3 (`DataError`); bad flags, or an engine whose
-requirements are missing, exit 2.
+requirements are missing, exit 2; SIGTERM / Ctrl-C remove what was begun and exit 143 / 130.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from reagent_lite.errors import ConfigError, ReagentLiteError
 from reagent_lite.timeline import DEFAULT_MEMORY_LIMIT, DuckSettings
 from reagent_lite.timeline.files import check_outputs
 from reagent_lite.timeline.query import Side
+from reagent_lite.timeline.stopping import Interrupted, stop_on_signals
 
 ENGINES = ("duckdb", "spark")
 
@@ -131,11 +132,18 @@ def run(args: argparse.Namespace) -> dict[Side, int]:
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     configure_logging()  # the counted warnings (null propensities, absorbing steps)
-    try:
-        written = run(args)
-    except ReagentLiteError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return err.exit_code
+    with stop_on_signals() as received:
+        try:
+            written = run(args)
+        except Exception as err:
+            if received.signum:  # whatever the signal interrupted raised on its way out
+                stopped = Interrupted(received.signum)
+                print(stopped, file=sys.stderr)
+                return stopped.exit_code
+            if not isinstance(err, ReagentLiteError):
+                raise
+            print(f"error: {err}", file=sys.stderr)
+            return err.exit_code
     paths = _outputs(args)
     for side, rows in written.items():
         print(f"wrote {rows} transitions to {paths[side]}")
