@@ -145,8 +145,9 @@ def transitions(
     )
     ends = absorbing & ~has_next
     if tally is not None:
-        kept_nulls = steps.column("action_probability").is_null().to_numpy(zero_copy_only=False)
-        tally.null_propensities += int((kept_nulls & ~ends).sum()) if layout.fill_propensity else 0
+        if layout.fill_propensity:  # the nulls of the rows written, now 1.0
+            nulls = steps.column("action_probability").is_null().to_numpy(zero_copy_only=False)
+            tally.null_propensities += int((nulls & ~ends).sum())
         tally.absorbing += int(ends.sum())
         if ends.any() and not tally.examples:
             tally.examples.append(_example(steps, int(np.argmax(ends))))

@@ -105,3 +105,24 @@ def test_horizons_parametric_log_goes_through_and_trains(tmp_path) -> None:
     assert len(got) == len(PARAMETRIC.read_text().splitlines())
     result = train(tmp_path, "parametric_dqn")
     assert result.model_path.is_file()
+
+
+def test_a_parquet_log_whose_propensities_are_all_null_takes_the_same_choice(tmp_path) -> None:
+    """Horizon's log written to Parquet by Arrow: the propensity column has the null type."""
+    steps = [json.loads(line) for line in DISCRETE.read_text().splitlines()]
+    for step in steps:
+        step["state_features"] = list(step["state_features"].items())
+    fmap = pa.map_(pa.string(), pa.float64())
+    schema = pa.schema(
+        [("mdp_id", pa.string()), ("sequence_number", pa.int64()), ("state_features", fmap),
+         ("action", pa.string()), ("reward", pa.float64()),
+         ("possible_actions", pa.list_(pa.string())), ("action_probability", pa.null())]
+    )  # fmt: skip
+    src = tmp_path / "steps.parquet"
+    pq.write_table(pa.Table.from_pylist(steps, schema), src)
+    rc, text = timeline(src, tmp_path)
+    assert rc == 3 and "'action_probability': 124 rows are null" in text, text
+    rc, text = timeline(src, tmp_path, "--null-propensity", "one")
+    assert rc == 0, text
+    got = rows(tmp_path)
+    assert len(got) == 124 and {r["action_probability"] for r in got} == {1.0}
