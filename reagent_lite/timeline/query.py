@@ -144,9 +144,10 @@ class StepColumns:
         action, candidates = dialect.quote("action"), dialect.quote("possible_actions")
         kind = self.kind("action")
         empty = {"map": f"cardinality({action}) = 0", "string": f"{action} = ''"}.get(kind, "FALSE")
+        # Never null (a null list or reward is no absorbing step): the rules stay two-valued.
         return (
-            f"(({action} IS NULL OR {empty}) AND cardinality({candidates}) = 0 "
-            f"AND {dialect.quote('reward')} = 0)"
+            f"coalesce(({action} IS NULL OR {empty}) AND cardinality({candidates}) = 0 "
+            f"AND {dialect.quote('reward')} = 0, FALSE)"
         )
 
     def propensity(self) -> str:

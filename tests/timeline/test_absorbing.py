@@ -15,7 +15,13 @@ import pytest
 
 from reagent_lite.errors import DataError
 from reagent_lite.timeline import DuckSettings, build_training_table
-from reagent_lite.timeline.duck import DuckDialect, connect, open_steps, write_sides
+from reagent_lite.timeline.duck import (
+    DuckDialect,
+    check_values,
+    connect,
+    open_steps,
+    write_sides,
+)
 from reagent_lite.timeline.query import Side, transitions_sql
 from tests.conftest import run_module
 from tests.timeline.conftest import write_parts
@@ -127,10 +133,23 @@ def test_an_absorbing_step_before_the_end_of_its_episode_exits_3(steps, tmp_path
     assert not (tmp_path / "t.parquet").exists()
 
 
-def test_a_null_action_that_is_not_absorbing_is_still_a_bad_row(steps, tmp_path) -> None:
+@pytest.mark.parametrize("engine_sql", [False, True])
+def test_a_null_action_that_is_not_absorbing_is_still_a_bad_row(
+    steps, tmp_path, engine_sql: bool
+) -> None:
     log = steps.to_pylist()
     log[4]["action"] = None  # possible actions and a reward: a step whose action is lost
+    log[9].update(action=None, possible_actions=None, reward=0.0)  # no list: not absorbing
     src = tmp_path / "s.parquet"
     pq.write_table(pa.Table.from_pylist(log, steps.schema), src)
-    rc, text = run_cli(src, tmp_path, "--null-propensity", "one")
-    assert rc == 3 and "column 'action': 1 rows are null" in text, text
+    if not engine_sql:
+        rc, text = run_cli(src, tmp_path, "--null-propensity", "one")
+        assert rc == 3 and "column 'action': 2 rows are null" in text, text
+        return
+    # The SQL alone (as Spark runs it) neither passes nor drops them.
+    with connect(DuckSettings(threads=1)) as con:
+        columns = open_steps(con, src, null_propensity="one")[0]
+        with pytest.raises(DataError, match="column 'action': 2 rows are null"):
+            check_values(con, columns)
+        table = con.sql(transitions_sql(columns, DuckDialect())).to_arrow_table()
+    assert table.num_rows == len(log) and table.column("action").null_count == 2
