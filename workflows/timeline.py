@@ -2,11 +2,12 @@
 
     python -m workflows.timeline --input steps.parquet --output train.parquet \
         [--eval-output eval.parquet] [--eval-fraction 0.1] [--seed 0] \
-        [--engine duckdb|spark] [--memory-limit 1GB] [--threads N] [--temp-dir DIR]
+        [--engine duckdb|spark] [--memory-limit 1GB] [--threads N] [--temp-dir DIR] \
+        [--null-propensity error|one]
 
 Without `--eval-output` every episode goes to `--output` (the eval fraction is then 0).
 Bad input prints one message and exits 3 (`DataError`); bad flags, or an engine whose
-requirements are missing, exit 2.
+requirements are missing, exit 2; SIGTERM / Ctrl-C remove what was begun and exit 143 / 130.
 """
 
 from __future__ import annotations
@@ -16,9 +17,12 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from reagent_lite.cli import configure_logging
 from reagent_lite.errors import ConfigError, ReagentLiteError
 from reagent_lite.timeline import DEFAULT_MEMORY_LIMIT, DuckSettings
+from reagent_lite.timeline.files import check_outputs
 from reagent_lite.timeline.query import Side
+from reagent_lite.timeline.stopping import Interrupted, stop_on_signals
 
 ENGINES = ("duckdb", "spark")
 
@@ -43,6 +47,14 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         help="share of episodes (by hash of mdp_id) that go to --eval-output",
     )
     parser.add_argument("--seed", type=int, default=0, help="salt of the train/eval hash")
+    parser.add_argument(
+        "--null-propensity",
+        "--null_propensity",
+        choices=("error", "one"),
+        default="error",
+        help="a null action_probability: a bad row (error, the default), or 1.0, a "
+        "deterministic logging policy as Horizon logged it, with the count logged (one)",
+    )
     parser.add_argument(
         "--engine",
         choices=ENGINES,
@@ -88,12 +100,17 @@ def run(args: argparse.Namespace) -> dict[Side, int]:
         raise ConfigError(
             f"--eval-output: {args.eval_output} is also --output; expected two different files"
         )
+    check_outputs(args.input, {"--output": args.output, "--eval-output": args.eval_output})
     outputs = _outputs(args)
     if args.engine == "spark":
         from reagent_lite.timeline import spark
 
         return spark.write_sides(
-            args.input, outputs, eval_fraction=args.eval_fraction, seed=args.seed
+            args.input,
+            outputs,
+            eval_fraction=args.eval_fraction,
+            seed=args.seed,
+            null_propensity=args.null_propensity,
         )
     from reagent_lite.timeline import duck
 
@@ -108,16 +125,25 @@ def run(args: argparse.Namespace) -> dict[Side, int]:
         eval_fraction=args.eval_fraction,
         seed=args.seed,
         settings=settings,
+        null_propensity=args.null_propensity,
     )
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
-    try:
-        written = run(args)
-    except ReagentLiteError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return err.exit_code
+    configure_logging()  # the counted warnings (null propensities, absorbing steps)
+    with stop_on_signals() as received:
+        try:
+            written = run(args)
+        except Exception as err:
+            if received.signum:  # whatever the signal interrupted raised on its way out
+                stopped = Interrupted(received.signum)
+                print(stopped, file=sys.stderr)
+                return stopped.exit_code
+            if not isinstance(err, ReagentLiteError):
+                raise
+            print(f"error: {err}", file=sys.stderr)
+            return err.exit_code
     paths = _outputs(args)
     for side, rows in written.items():
         print(f"wrote {rows} transitions to {paths[side]}")

@@ -5,12 +5,8 @@ The transformation is written once, as SQL (`query.py`); `spark.py` runs it as w
 (`pairing.py`), which the tests hold to the SQL's rows.
 """
 
-from reagent_lite.timeline.duck import (
-    DEFAULT_MEMORY_LIMIT,
-    ROW_GROUP_SIZE,
-    DuckSettings,
-    build_training_table,
-)
+from reagent_lite.timeline.connection import DEFAULT_MEMORY_LIMIT, DuckSettings
+from reagent_lite.timeline.duck import ROW_GROUP_SIZE, build_training_table
 from reagent_lite.timeline.query import episode_hash
 
 __all__ = [

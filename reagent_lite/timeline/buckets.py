@@ -66,6 +66,7 @@ class SortSettings:
     spill_dir: Path  # where buckets spill (the caller removes it)
     run_rows: int  # rows per run, at least (whole episodes), unless rows are wide
     stop: threading.Event | None = None  # set: stop at the next batch (`Stopped`)
+    null_one: bool = False  # a null propensity is not a bad row (`--null-propensity one`)
 
     def check(self) -> None:
         if self.stop is not None and self.stop.is_set():
@@ -88,7 +89,7 @@ def sorted_runs(
         # Wide rows make shorter runs: the runs in flight stay small.
         row_bytes = table.nbytes / max(table.num_rows, 1)
         run_rows = rows_within(_RUN_BYTES, row_bytes, settings.run_rows)
-        yield from _runs(table, sides, eval_flags, run_rows)
+        yield from _runs(table, sides, eval_flags, run_rows, null_one=settings.null_one)
         del table
 
 
@@ -232,7 +233,12 @@ def _spilled(path: Path, rows: int, schema: pa.Schema) -> ArrowScan:
 
 
 def _runs(
-    table: pa.Table, sides: Collection[Side], eval_flags: EvalFlags | None, run_rows: int
+    table: pa.Table,
+    sides: Collection[Side],
+    eval_flags: EvalFlags | None,
+    run_rows: int,
+    *,
+    null_one: bool,
 ) -> Iterator[Run]:
     n = table.num_rows
     ids = table.column("mdp_id").combine_chunks()
@@ -246,7 +252,7 @@ def _runs(
         ) from err
     order = _order(codes, seq)
     codes, seq = codes[order], seq[order]
-    check_steps(table, order, codes, seq)
+    check_steps(table, order, codes, seq, null_one=null_one)
     starts = np.flatnonzero(np.r_[True, codes[1:] != codes[:-1]]) if n else np.zeros(0, int)
     lengths = np.diff(np.r_[starts, n])
     if set(sides) == {"all"}:

@@ -16,28 +16,34 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import logging
 import os
 import re
-import shutil
-import tempfile
 import threading
 from collections.abc import Callable, Collection, Generator, Iterator
 from contextlib import closing, contextmanager
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import duckdb
 import numpy as np
 import pyarrow as pa
 
-from reagent_lite.errors import ConfigError, DataError, ReagentLiteError
+from reagent_lite.errors import DataError, ReagentLiteError
 from reagent_lite.timeline.ahead import read_ahead
 from reagent_lite.timeline.buckets import SortSettings, sorted_runs
+from reagent_lite.timeline.connection import (
+    DuckSettings,
+    connect,
+    memory_limit_bytes,
+    setting,
+    sql_string,
+)
 from reagent_lite.timeline.files import step_files
-from reagent_lite.timeline.pairing import Layout, transitions
+from reagent_lite.timeline.pairing import Layout, Tally, transitions
 from reagent_lite.timeline.query import (
+    PROPENSITY_COLUMNS,
     Kind,
+    NullPropensity,
     Side,
     StepColumns,
     checks_sql,
@@ -48,7 +54,7 @@ from reagent_lite.timeline.query import (
 from reagent_lite.timeline.scan import DuckScan, ReadError, Scan, open_parquet
 from reagent_lite.timeline.tables import ROW_GROUP_SIZE, TableFile
 
-DEFAULT_MEMORY_LIMIT = "1GB"
+log = logging.getLogger(__name__)
 # Rows per run of transitions (whole episodes: at least this many), one row group's
 # worth: per-run work stays amortised and the runs in flight stay small.
 RUN_ROWS = ROW_GROUP_SIZE
@@ -94,95 +100,25 @@ def duck_kind(type_name: str) -> Kind:
     return "other"
 
 
-@dataclass(frozen=True)
-class DuckSettings:
-    """How DuckDB may use the machine."""
-
-    memory_limit: str = DEFAULT_MEMORY_LIMIT  # e.g. "1GB", "16GB"
-    threads: int | None = None  # None: every core
-    temp_dir: str | None = None  # where sorts spill; None: the system's temp directory
-
-
-# Memory each DuckDB thread needs for this workload (sorts of rows with nested columns):
-# on a 64-core host, every core under the default 1GB limit ran out of memory.
-_BYTES_PER_THREAD = 128 * 2**20
-_UNITS = {"B": 1, "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40,
-          "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12}  # fmt: skip
-
-
-def _default_threads(con: duckdb.DuckDBPyConnection) -> int:
-    """Every core DuckDB sees, but no more than the memory limit gives 128 MiB each."""
-    cores = setting(con, "threads")
-    size = memory_limit_bytes(con)
-    if size is None:  # a limit DuckDB spells otherwise: keep its own choice
-        return int(cores)
-    return max(1, min(int(cores), int(size // _BYTES_PER_THREAD)))
-
-
-def setting(con: duckdb.DuckDBPyConnection, name: str) -> Any:
-    """A DuckDB setting's value (fetched to the end: DuckDB 2 refuses another query on a
-    connection whose last result is unfinished)."""
-    return con.execute(f"SELECT current_setting('{name}')").fetchall()[0][0]
-
-
-def memory_limit_bytes(con: duckdb.DuckDBPyConnection) -> int | None:
-    """The connection's memory limit in bytes (None if DuckDB spells it unexpectedly)."""
-    limit = setting(con, "memory_limit")
-    match = re.fullmatch(r"\s*([\d.]+)\s*([KMGT]?I?B)\s*", str(limit).upper())
-    return None if match is None else int(float(match.group(1)) * _UNITS[match.group(2)])
-
-
-@contextmanager
-def connect(settings: DuckSettings) -> Iterator[duckdb.DuckDBPyConnection]:
-    """An in-memory DuckDB connection that spills to a private temporary directory."""
-    try:
-        spill = tempfile.mkdtemp(prefix="reagent-timeline-", dir=settings.temp_dir)
-    except OSError as err:
-        raise _flag_error(
-            "--temp-dir", settings.temp_dir, "a directory it can write in", err
-        ) from err
-    con = duckdb.connect(":memory:")
-    try:
-        try:
-            con.execute(f"SET memory_limit = '{settings.memory_limit}'")
-        except duckdb.Error as err:
-            raise _flag_error(
-                "--memory-limit", settings.memory_limit, "a size such as 1GB or 512MB", err
-            ) from err
-        if settings.threads is not None:
-            con.execute(f"SET threads = {int(settings.threads)}")
-        else:
-            con.execute(f"SET threads = {_default_threads(con)}")
-        con.execute(f"SET temp_directory = '{_sql_string(spill)}'")
-        # Row order inside a query is not needed (the output is sorted); this lets DuckDB
-        # stream and spill more freely.
-        con.execute("SET preserve_insertion_order = false")
-        yield con
-    finally:
-        con.close()
-        shutil.rmtree(spill, ignore_errors=True)
-
-
-def _flag_error(flag: str, value: object, expected: str, err: Exception) -> ConfigError:
-    return ConfigError(f"{flag}: bad value {value!r}; expected {expected} ({err})")
-
-
-def _sql_string(text: str) -> str:
-    return text.replace("'", "''")
-
-
-def describe(con: duckdb.DuckDBPyConnection, source: str) -> StepColumns:
+def describe(
+    con: duckdb.DuckDBPyConnection, source: str, null_propensity: NullPropensity = "error"
+) -> StepColumns:
     rows = con.execute("DESCRIBE steps").fetchall()
-    return StepColumns({r[0]: (str(r[1]), duck_kind(str(r[1]))) for r in rows}, source)
+    types = {r[0]: (str(r[1]), duck_kind(str(r[1]))) for r in rows}
+    return StepColumns(types, source, null_propensity)
 
 
 def open_steps(
-    con: duckdb.DuckDBPyConnection, path: str | os.PathLike[str], *, threads: int | None = None
+    con: duckdb.DuckDBPyConnection,
+    path: str | os.PathLike[str],
+    *,
+    threads: int | None = None,
+    null_propensity: NullPropensity = "error",
 ) -> tuple[StepColumns, Scan]:
     """Register the step log at `path` as the view `steps`; its columns, checked, and the
     scan that reads its rows (Arrow's where it reads what DuckDB does, else DuckDB's)."""
     fmt, files = step_files(path)
-    listed = "[" + ", ".join(f"'{_sql_string(str(f))}'" for f in files) + "]"
+    listed = "[" + ", ".join(f"'{sql_string(str(f))}'" for f in files) + "]"
     source = str(path)
     try:
         if fmt == "parquet":
@@ -191,10 +127,10 @@ def open_steps(
             reader = f"read_json({listed}, format = 'newline_delimited'"
             inferred = con.execute(f"DESCRIBE SELECT * FROM {reader})").fetchall()
             spec = ", ".join(
-                f"'{_sql_string(str(r[0]))}': '{_json_type(str(r[1]))}'" for r in inferred
+                f"'{sql_string(str(r[0]))}': '{_json_type(str(r[0]), str(r[1]))}'" for r in inferred
             )
             con.execute(f"CREATE TEMP TABLE steps AS SELECT * FROM {reader}, columns = {{{spec}}})")
-        columns = describe(con, source)
+        columns = describe(con, source, null_propensity)
         columns.check()
         duck = DuckScan.of(con, columns, DuckDialect())
     except duckdb.Error as err:
@@ -207,9 +143,12 @@ def open_steps(
     return columns, duck
 
 
-def _json_type(type_name: str) -> str:
+def _json_type(name: str, type_name: str) -> str:
     """The type a JSON column is read as: objects as feature maps (as everywhere in
-    reagent-lite, not structs), strings as strings (not dates or UUIDs guessed from them)."""
+    reagent-lite, not structs), strings as strings (not dates or UUIDs guessed from them),
+    a propensity that is always null (Horizon's deterministic policies) as a number."""
+    if name in PROPENSITY_COLUMNS and type_name in ('"NULL"', "NULL", "JSON"):
+        return "DOUBLE"
     if type_name in _GUESSED_FROM_STRINGS:
         return "VARCHAR"
     if re.fullmatch(r"(STRUCT|MAP)\(.*\)\[\]", type_name):
@@ -231,7 +170,7 @@ def check_values(con: duckdb.DuckDBPyConnection, columns: StepColumns) -> None:
     propensity passed (DuckDB 2.0.1, `tests/timeline/test_pairing.py`)."""
     con.execute("SET disabled_optimizers = 'statistics_propagation'")
     try:
-        for sql in (checks_sql(columns), duplicates_sql()):
+        for sql in (checks_sql(columns, DuckDialect()), duplicates_sql()):
             cur = con.execute(sql)
             names = [d[0] for d in cur.description or []]
             rows = cur.fetchall()
@@ -269,21 +208,26 @@ def stream_transitions(
     eval_fraction: float,
     seed: int,
     run_rows: int = RUN_ROWS,
+    tally: Tally | None = None,
 ) -> tuple[Layout, Generator[tuple[Side, pa.RecordBatch], None, None]]:
     """The transitions of `sides` as Arrow batches (each side's sorted by mdp_id and
     sequence_number; every row of the log is checked, `pairing.BrokenCheck` at the first
-    bad one), made on a thread of their own, and their layout. Close the iterator when
-    done early."""
+    bad one), made on a thread of their own, and their layout; `tally` counts what was
+    done to Horizon's conventions. Close the iterator when done early."""
     layout = Layout.of(scan.schema, columns)
     flags = None if set(sides) == {"all"} else eval_flags(con, eval_fraction, seed)
     spill = str(setting(con, "temp_directory"))
     stop = threading.Event()  # set when the caller stops early: the sort stops soon after
     settings = SortSettings(
-        memory_limit_bytes(con) or 2**30, Path(spill) / "buckets", max(1, run_rows), stop
+        memory_limit_bytes(con) or 2**30,
+        Path(spill) / "buckets",
+        max(1, run_rows),
+        stop,
+        null_one=columns.null_propensity == "one",
     )
     ordered: list[Side] = [s for s in ("all", "train", "eval") if s in sides]
     runs = sorted_runs(scan, ordered, flags, settings)
-    batches = ((run.side, transitions(run.steps, run.has_next, layout)) for run in runs)
+    batches = ((run.side, transitions(run.steps, run.has_next, layout, tally)) for run in runs)
     return layout, read_ahead(batches, name="timeline-sort", interrupt=con.interrupt, stop=stop)
 
 
@@ -316,28 +260,33 @@ def build_training_table(
     seed: int = 0,
     source: str = "<steps>",
     settings: DuckSettings | None = None,
+    null_propensity: NullPropensity = "error",
 ) -> tuple[pa.Table, pa.Table]:
     """In memory: the `(train, eval)` transition tables of the step log `steps`, each
-    sorted by (mdp_id, sequence_number). Raises `DataError` for bad input."""
+    sorted by (mdp_id, sequence_number). Raises `DataError` for bad input.
+    `null_propensity`: "one" reads a null propensity as 1.0 (counted and logged)."""
     if not 0.0 <= eval_fraction < 1.0:
         raise DataError(f"{source}: eval_fraction must be in [0, 1) (got {eval_fraction})")
     with connect(settings or DuckSettings()) as con:
         con.register("steps_arrow", steps)
         con.execute("CREATE VIEW steps AS SELECT * FROM steps_arrow")
-        columns = describe(con, source)
+        columns = describe(con, source, null_propensity)
         columns.check()
         scan = DuckScan.of(con, columns, DuckDialect())
         batches: dict[Side, list[pa.RecordBatch]] = {"train": [], "eval": []}
+        tally = Tally()
         with checked(con, columns):
             layout, stream = stream_transitions(
-                con, columns, scan, ("train", "eval"), eval_fraction=eval_fraction, seed=seed
-            )
+                con, columns, scan, ("train", "eval"), eval_fraction=eval_fraction, seed=seed,
+                tally=tally,
+            )  # fmt: skip
             try:
                 with closing(stream):
                     for side, batch in stream:
                         batches[side].append(batch)
             except DataError as err:  # from pairing: name the input
                 raise DataError(f"{source}: {err}") from err
+    log_tally(source, tally)
     return (
         pa.Table.from_batches(batches["train"], layout.schema).cast(layout.plain),
         pa.Table.from_batches(batches["eval"], layout.schema).cast(layout.plain),
@@ -352,19 +301,46 @@ def write_sides(
     seed: int,
     settings: DuckSettings,
     run_rows: int = RUN_ROWS,
+    null_propensity: NullPropensity = "error",
 ) -> dict[Side, int]:
     """Read the step log, check it, and write each side's transitions to its Parquet file
-    (atomically: a temporary file beside it, then a rename). Returns rows per side."""
+    (atomically: a temporary file beside it, then a rename). Returns rows per side;
+    logs what was done to Horizon's conventions (`Tally`)."""
+    tally = Tally()
     with connect(settings) as con:
-        columns, scan = open_steps(con, input_path, threads=settings.threads)
+        columns, scan = open_steps(
+            con, input_path, threads=settings.threads, null_propensity=null_propensity
+        )
         with checked(con, columns):
-            return _write(
+            written = _write(
                 input_path, outputs,
                 lambda: stream_transitions(
                     con, columns, scan, list(outputs), eval_fraction=eval_fraction, seed=seed,
-                    run_rows=run_rows,
+                    run_rows=run_rows, tally=tally,
                 ),
             )  # fmt: skip
+    log_tally(str(input_path), tally)
+    return written
+
+
+def log_tally(source: str, tally: Tally) -> None:
+    """The counted, logged messages of the workflows' own choices for Horizon's logs."""
+    if tally.null_propensities:
+        log.warning(
+            "%s: %d rows with a null action_probability read as 1.0 (--null-propensity "
+            "one, a deterministic logging policy)",
+            source,
+            tally.null_propensities,
+        )
+    if tally.absorbing:
+        log.warning(
+            "%s: %d absorbing steps (null action, no possible actions, reward 0: Horizon's "
+            "end of an episode) dropped; each is the next state of the step before it, "
+            "which is terminal (e.g. %s)",
+            source,
+            tally.absorbing,
+            tally.examples[0],
+        )
 
 
 def _write(

@@ -9,10 +9,11 @@ a directory is searched recursively, skipping names that start with `.` or `_`.
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Literal
 
-from reagent_lite.errors import DataError
+from reagent_lite.errors import ConfigError, DataError
 
 StepFormat = Literal["parquet", "json"]
 _PARQUET = (".parquet", ".parq", ".pq")
@@ -56,3 +57,35 @@ def step_files(path: str | os.PathLike[str]) -> tuple[StepFormat, list[Path]]:
     if len(formats) > 1:
         raise DataError(f"{p}: mixes Parquet and JSON Lines files; keep one format per directory")
     return formats.pop(), files
+
+
+def check_outputs(input_path: str, outputs: Mapping[str, str | None]) -> None:
+    """Raise `ConfigError` when an output (flag → path) would replace the step log: the
+    same path as `--input` (after symlinks), the same file under another name (a hard
+    link), a path inside an input directory, or a directory holding the input. URIs
+    other than `file://` (read by Spark) are not local paths and are not compared."""
+    source = _local(input_path)
+    if source is None:
+        return
+    for flag, output in outputs.items():
+        target = None if output is None else _local(output)
+        if target is None:
+            continue
+        same = target == source or (
+            target.exists() and source.exists() and os.path.samefile(target, source)
+        )
+        if same or source in target.parents or target in source.parents:
+            relation = "is" if same else "is inside" if source in target.parents else "holds"
+            raise ConfigError(
+                f"{flag}: {output} {relation} --input {input_path}; writing it would replace "
+                "the step log (expected an output path outside the input)"
+            )
+
+
+def _local(path: str) -> Path | None:
+    """A local path, resolved (symlinks followed); None for a URI such as `hdfs://`."""
+    if path.startswith("file://"):
+        path = path[len("file://") :]
+    elif "://" in path:
+        return None
+    return Path(path).resolve()

@@ -14,11 +14,15 @@ The sort also checks every row it holds (`check_steps`: the rules of `checks_sql
 once sorted is two neighbouring rows of one id with one sequence number) instead of
 passes of their own over the log. The first row breaking one raises `BrokenCheck`; the
 engine then runs the checks' SQL for the message every engine gives (count and example).
+
+Horizon's step logs (`StepColumns.absorbing`, `null_propensity`): an absorbing step ending
+an episode is dropped once the step before it has taken its state, and a null propensity
+reads as 1.0 when asked; `Tally` counts both for the log.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import pyarrow as pa
@@ -48,6 +52,7 @@ class Layout:
     schema: pa.Schema  # of the transition batches (string leaves as the scan reads them)
     plain: pa.Schema  # the same without dictionaries: what readers of the table get
     paired: dict[str, tuple[str, Terminal]]  # next_* column → (source column, terminal value)
+    fill_propensity: bool = False  # a null propensity reads as 1.0 (a DOUBLE column)
 
     @classmethod
     def of(cls, steps: pa.Schema, columns: StepColumns) -> Layout:
@@ -56,19 +61,68 @@ class Layout:
             dst: (src, terminal(src, columns.kind(src))) for dst, src in pairs(columns).items()
         }
         fields = {f.name: f for f in steps}
+        fill = columns.null_propensity == "one"
+        if fill:
+            fields["action_probability"] = pa.field("action_probability", pa.float64())
         fields.update({dst: steps.field(src).with_name(dst) for dst, (src, _) in paired.items()})
         fields["time_diff"] = pa.field("time_diff", pa.int64())
         schema = pa.schema([fields[c] for c in output_order(fields)])
-        return cls(schema, plain_schema(schema), paired)
+        return cls(schema, plain_schema(schema), paired, fill)
 
 
-def transitions(steps: pa.RecordBatch, has_next: np.ndarray, layout: Layout) -> pa.RecordBatch:
+@dataclass
+class Tally:
+    """What `transitions` did to Horizon's conventions, summed over the runs."""
+
+    absorbing: int = 0  # absorbing steps dropped (each ended its episode)
+    null_propensities: int = 0  # null propensities read as 1.0
+    examples: list[str] = field(default_factory=list)  # a dropped step, named
+
+
+def absorbing_steps(steps: pa.Table | pa.RecordBatch) -> np.ndarray:
+    """Per row: a Horizon absorbing step (`StepColumns.absorbing`): no action (null, `""`
+    or an empty map), an empty (not null) `possible_actions`, reward 0."""
+    action = _one_array(steps.column("action"))
+    no_action = action.is_null().to_numpy(zero_copy_only=False)
+    if pa.types.is_map(action.type):
+        no_action |= _lengths(action) == 0
+    elif pa.types.is_dictionary(action.type) and pa.types.is_string(action.type.value_type):
+        no_action |= pc.fill_null(pc.equal(action.dictionary_decode(), ""), False).to_numpy(
+            zero_copy_only=False
+        )
+    elif pa.types.is_string(action.type) or pa.types.is_large_string(action.type):
+        no_action |= pc.fill_null(pc.equal(action, ""), False).to_numpy(zero_copy_only=False)
+    candidates = _one_array(steps.column("possible_actions"))
+    empty = (_lengths(candidates) == 0) & candidates.is_valid().to_numpy(zero_copy_only=False)
+    zero = pc.fill_null(pc.equal(steps.column("reward"), 0), False)
+    return no_action & empty & np.asarray(zero.to_numpy(zero_copy_only=False), bool)
+
+
+def _one_array(column: pa.Array | pa.ChunkedArray) -> pa.Array:
+    return column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
+
+
+def _lengths(lists: pa.Array) -> np.ndarray:
+    """Entries per list or map (0 where null)."""
+    if pa.types.is_fixed_size_list(lists.type):
+        return np.full(len(lists), lists.type.list_size)
+    offsets = lists.offsets.to_numpy()
+    return np.diff(offsets) * lists.is_valid().to_numpy(zero_copy_only=False)
+
+
+def transitions(
+    steps: pa.RecordBatch, has_next: np.ndarray, layout: Layout, tally: Tally | None = None
+) -> pa.RecordBatch:
     """The transitions of `steps`, whole episodes sorted by (mdp_id, sequence_number);
-    `has_next[i]`: row i + 1 is the next step of row i's episode."""
+    `has_next[i]`: row i + 1 is the next step of row i's episode. An absorbing step ending
+    its episode gives no transition; the step before it gets the terminal next_action."""
     n = steps.num_rows
     columns = {name: steps.column(name) for name in steps.schema.names}
+    absorbing = absorbing_steps(steps)
+    before_absorbing = has_next & np.r_[absorbing[1:], False]
     for dst, (src, end) in layout.paired.items():
-        columns[dst] = _next_values(columns[src], has_next, end)
+        follows = has_next & ~before_absorbing if src == "action" else has_next
+        columns[dst] = _next_values(columns[src], follows, end)
     seq = pc.cast(steps.column("sequence_number"), pa.int64())
     following = pa.array(has_next)
     later = pa.concat_arrays([seq.slice(1), seq.slice(0, min(n, 1))])
@@ -83,25 +137,46 @@ def transitions(steps: pa.RecordBatch, has_next: np.ndarray, layout: Layout) -> 
             f"fit a 64-bit integer (expected gaps below 2^63); e.g. {_example(steps, row)}"
         ) from err
     columns["time_diff"] = pc.if_else(following, gaps, pa.scalar(1, pa.int64()))
-    return pa.RecordBatch.from_arrays(
+    if layout.fill_propensity:
+        prop = pc.cast(columns["action_probability"], pa.float64())
+        columns["action_probability"] = pc.fill_null(prop, 1.0)
+    batch = pa.RecordBatch.from_arrays(
         [columns[f.name] for f in layout.schema], schema=layout.schema
     )
+    ends = absorbing & ~has_next
+    if tally is not None:
+        if layout.fill_propensity:  # the nulls of the rows written, now 1.0
+            nulls = steps.column("action_probability").is_null().to_numpy(zero_copy_only=False)
+            tally.null_propensities += int((nulls & ~ends).sum())
+        tally.absorbing += int(ends.sum())
+        if ends.any() and not tally.examples:
+            tally.examples.append(_example(steps, int(np.argmax(ends))))
+    return batch.filter(pa.array(~ends)) if ends.any() else batch
 
 
-def check_steps(table: pa.Table, order: np.ndarray, ids: np.ndarray, seq: np.ndarray) -> None:
+def check_steps(
+    table: pa.Table, order: np.ndarray, ids: np.ndarray, seq: np.ndarray, *, null_one: bool
+) -> None:
     """The rules of `checks_sql` and `duplicates_sql` on `table`'s rows: no nulls where a
-    value is needed, a propensity in (0, 1] (NaN is outside), no (mdp_id,
-    sequence_number) twice. `order` sorts the rows; `ids` and `seq` are the sorted rows'
-    id ranks and sequence numbers."""
+    value is needed (a propensity may be null with `null_one`), a propensity in (0, 1]
+    (NaN is outside), no (mdp_id, sequence_number) twice, absorbing steps (which need no
+    action nor propensity) only at an episode's end. `order` sorts the rows; `ids` and
+    `seq` are the sorted rows' id ranks and sequence numbers."""
+    absorbing = absorbing_steps(table)
     for name in NOT_NULL:
-        column = table.column(name)
-        if column.null_count:
-            row = pc.index(column.is_null(), True).as_py()
+        if null_one and name == "action_probability":
+            continue
+        nulls = table.column(name).is_null().to_numpy(zero_copy_only=False)
+        if name in ("action", "action_probability"):
+            nulls = nulls & ~absorbing
+        if nulls.any():
+            row = int(np.argmax(nulls))
             raise BrokenCheck(
                 f"column '{name}': rows are null (expected values); e.g. {_example(table, row)}"
             )
     prop = pc.cast(table.column("action_probability"), pa.float64())
-    inside = pc.and_(pc.greater(prop, 0.0), pc.less_equal(prop, 1.0))
+    inside = pc.fill_null(pc.and_(pc.greater(prop, 0.0), pc.less_equal(prop, 1.0)), True)
+    inside = pc.or_(inside, pa.array(absorbing))
     if not pc.all(inside).as_py():
         row = pc.index(inside, False).as_py()
         raise BrokenCheck(
@@ -114,6 +189,13 @@ def check_steps(table: pa.Table, order: np.ndarray, ids: np.ndarray, seq: np.nda
             "columns 'mdp_id', 'sequence_number': rows repeat the sequence number of another "
             f"step of the same episode (expected unique pairs); e.g. "
             f"{_example(table, int(order[repeated[0]]))}"
+        )
+    followed = np.flatnonzero(absorbing[order][:-1] & (ids[1:] == ids[:-1]))
+    if len(followed):
+        raise BrokenCheck(
+            "columns 'action', 'possible_actions': absorbing steps (no action, no possible "
+            "actions, reward 0) are followed by another step of their episode (expected "
+            f"only as an episode's last step); e.g. {_example(table, int(order[followed[0]]))}"
         )
 
 

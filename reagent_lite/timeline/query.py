@@ -24,6 +24,10 @@ from reagent_lite.errors import DataError
 
 Kind = Literal["integer", "float", "string", "map", "list", "other"]
 Side = Literal["all", "train", "eval"]
+# What a null propensity is: a bad row, or 1.0 (the workflows' `null_propensity`).
+NullPropensity = Literal["error", "one"]
+# Engines' type names of a column whose every value is null (JSON `null`, Arrow's null).
+_NULL_TYPES = ('"NULL"', "NULL", "void")
 
 REQUIRED_COLUMNS = ("mdp_id", "sequence_number", "action", "reward", "possible_actions")
 # Columns each step log must have, beside REQUIRED_COLUMNS: one of each pair.
@@ -86,6 +90,8 @@ class StepColumns:
 
     types: Mapping[str, tuple[str, Kind]]
     source: str
+    # "one": a null propensity reads as 1.0 (Horizon logged deterministic policies so).
+    null_propensity: NullPropensity = "error"
 
     @property
     def names(self) -> list[str]:
@@ -123,12 +129,26 @@ class StepColumns:
             "possible_actions": (("list",), "a list"),
         }
         for col, (kinds, words) in expected.items():
+            if col in PROPENSITY_COLUMNS and self.types.get(col, ("", ""))[0] in _NULL_TYPES:
+                continue  # only nulls: a null propensity (an error unless read as 1.0)
             if col in names and self.kind(col) not in kinds:
                 if col == "propensity" and "action_probability" in names:
                     continue  # carried through as an extra column, not the propensity
                 raise DataError(
                     f"{self.source}: column '{col}' has type {self.types[col][0]}; expected {words}"
                 )
+
+    def absorbing(self, dialect: Dialect) -> str:
+        """SQL: true on a Horizon absorbing step, which marked an episode's end: no action
+        (null, or Horizon's empty placeholder), no possible actions, reward 0."""
+        action, candidates = dialect.quote("action"), dialect.quote("possible_actions")
+        kind = self.kind("action")
+        empty = {"map": f"cardinality({action}) = 0", "string": f"{action} = ''"}.get(kind, "FALSE")
+        # Never null (a null list or reward is no absorbing step): the rules stay two-valued.
+        return (
+            f"coalesce(({action} IS NULL OR {empty}) AND cardinality({candidates}) = 0 "
+            f"AND {dialect.quote('reward')} = 0, FALSE)"
+        )
 
     def propensity(self) -> str:
         """The column holding the propensity (the alias `propensity` when that is all there is)."""
@@ -142,14 +162,23 @@ ROW_EXAMPLE = (
 )
 
 
-def checks_sql(columns: StepColumns, table: str = "steps") -> str:
+def checks_sql(columns: StepColumns, dialect: Dialect, table: str = "steps") -> str:
     """One aggregate over the step log: for each rule, the number of rows breaking it and
-    the first example (by its text), as columns `n_<rule>` and `e_<rule>`."""
+    the first example (by its text), as columns `n_<rule>` and `e_<rule>`. An absorbing
+    step (`StepColumns.absorbing`) needs no action nor propensity, but must end its
+    episode."""
     example = ROW_EXAMPLE
     prop = columns.propensity()
+    absorbing = columns.absorbing(dialect)
     rules = {f"null_{c}": f"{c if c != 'action_probability' else prop} IS NULL" for c in NOT_NULL}
-    # NaN is outside (0, 1] in every engine: Spark and DuckDB order NaN above all numbers.
-    rules["bad_propensity"] = f"NOT ({prop} > 0 AND {prop} <= 1)"
+    for rule in ("null_action", "null_action_probability"):
+        rules[rule] += f" AND NOT {absorbing}"
+    if columns.null_propensity == "one":
+        del rules["null_action_probability"]
+    # NaN is outside (0, 1] in every engine: Spark and DuckDB order NaN above all numbers;
+    # a null is not (a null rule's business).
+    rules["bad_propensity"] = f"NOT {absorbing} AND NOT ({prop} > 0 AND {prop} <= 1)"
+    rules["absorbing_not_last"] = f"{absorbing} AND has_next_"
     parts = []
     for name, cond in rules.items():
         parts.append(f"sum(CASE WHEN {cond} THEN 1 ELSE 0 END) AS n_{name}")
@@ -159,7 +188,11 @@ def checks_sql(columns: StepColumns, table: str = "steps") -> str:
             else example
         )
         parts.append(f"min(CASE WHEN {cond} THEN {value} END) AS e_{name}")
-    return f"SELECT {', '.join(parts)} FROM {table}"
+    following = "LEAD(sequence_number) OVER (PARTITION BY mdp_id ORDER BY sequence_number)"
+    return (
+        f"SELECT {', '.join(parts)} FROM "
+        f"(SELECT *, {following} IS NOT NULL AS has_next_ FROM {table}) AS checked_steps"
+    )
 
 
 def duplicates_sql(table: str = "steps") -> str:
@@ -179,10 +212,19 @@ def raise_for_checks(source: str, counts: Mapping[str, Any]) -> None:
         "null_sequence_number": (" 'sequence_number'", "rows are null (expected values)"),
         "null_action": (" 'action'", "rows are null (expected values)"),
         "null_reward": (" 'reward'", "rows are null (expected values)"),
-        "null_action_probability": (" 'action_probability'", "rows are null (expected values)"),
+        "null_action_probability": (
+            " 'action_probability'",
+            "rows are null (expected values; --null-propensity one reads a null as 1.0, "
+            "a deterministic logging policy)",
+        ),
         "bad_propensity": (
             " 'action_probability'",
             "rows outside (0, 1] (a logging propensity must be positive and at most 1)",
+        ),
+        "absorbing_not_last": (
+            "s 'action', 'possible_actions'",
+            "absorbing steps (no action, no possible actions, reward 0) are followed by "
+            "another step of their episode (expected only as an episode's last step)",
         ),
         "dup": (
             "s 'mdp_id', 'sequence_number'",
@@ -247,8 +289,13 @@ def step_sources(columns: StepColumns) -> dict[str, str]:
 
 
 def step_select(columns: StepColumns, dialect: Dialect) -> dict[str, str]:
-    """`step_sources` as SQL: output name → expression."""
-    return {name: dialect.quote(src) for name, src in step_sources(columns).items()}
+    """`step_sources` as SQL: output name → expression (with `null_propensity` "one", the
+    propensity as a DOUBLE, 1.0 where null)."""
+    select = {name: dialect.quote(src) for name, src in step_sources(columns).items()}
+    if columns.null_propensity == "one":
+        prop = select["action_probability"]
+        select["action_probability"] = f"coalesce(CAST({prop} AS DOUBLE), CAST(1 AS DOUBLE))"
+    return select
 
 
 def output_order(names: Collection[str]) -> list[str]:
@@ -270,8 +317,10 @@ def transitions_sql(
 
     next_* are the next step's values; on an episode's last step (the terminal row) they are
     an empty map / list (`next_state`: zeros of the same length) or null, and `time_diff`
-    is 1. `order`: sort the result by (mdp_id, sequence_number). `table`: the step log's
-    table or view.
+    is 1. A Horizon absorbing step that ends its episode (`StepColumns.absorbing`) is no
+    transition of its own: the step before it has its state as next state, the terminal
+    next_action and its empty possible actions. `order`: sort the result by (mdp_id,
+    sequence_number). `table`: the step log's table or view.
     """
     select = step_select(columns, dialect)
     has_next = "LEAD(sequence_number) OVER w IS NOT NULL"
@@ -284,15 +333,20 @@ def transitions_sql(
             value = dialect.empty(type_name, kind)
         else:
             value = "NULL"
-        select[dst] = f"CASE WHEN {has_next} THEN LEAD({src}) OVER w ELSE {value} END"
+        follows = has_next if src != "action" else f"{has_next} AND NOT LEAD(absorbing_) OVER w"
+        select[dst] = f"CASE WHEN {follows} THEN LEAD({src}) OVER w ELSE {value} END"
     select["time_diff"] = (
         "CAST(coalesce((LEAD(sequence_number) OVER w) - sequence_number, 1) AS BIGINT)"
     )
-    body = ",\n  ".join(f"{select[c]} AS {dialect.quote(c)}" for c in output_order(select))
+    names = output_order(select)
+    select["absorbing_end_"] = f"absorbing_ AND NOT {has_next}"
+    body = ",\n  ".join(f"{select[c]} AS {dialect.quote(c)}" for c in [*names, "absorbing_end_"])
+    outer = ", ".join(dialect.quote(c) for c in names)
     sql = (
-        f"SELECT\n  {body}\nFROM (SELECT * FROM {table} WHERE "
-        f"{split_condition(side, eval_fraction, seed)}) AS s\n"
-        "WINDOW w AS (PARTITION BY mdp_id ORDER BY sequence_number)"
+        f"SELECT {outer} FROM (SELECT\n  {body}\nFROM (SELECT *, {columns.absorbing(dialect)} "
+        f"AS absorbing_ FROM {table} WHERE {split_condition(side, eval_fraction, seed)}) AS s\n"
+        "WINDOW w AS (PARTITION BY mdp_id ORDER BY sequence_number)) AS t\n"
+        "WHERE NOT absorbing_end_"
     )
     if order:
         sql += "\nORDER BY mdp_id, sequence_number"

@@ -19,6 +19,7 @@ from reagent_lite.errors import ConfigError, DataError
 from reagent_lite.timeline.files import file_format, step_files
 from reagent_lite.timeline.query import (
     Kind,
+    NullPropensity,
     Side,
     StepColumns,
     checks_sql,
@@ -77,11 +78,14 @@ def spark_kind(dtype: DataType) -> Kind:
     return "other"
 
 
-def step_columns(df: DataFrame, source: str) -> StepColumns:
+def step_columns(
+    df: DataFrame, source: str, null_propensity: NullPropensity = "error"
+) -> StepColumns:
     """The DataFrame's columns as the queries see them, checked."""
     columns = StepColumns(
         {f.name: (f.dataType.simpleString(), spark_kind(f.dataType)) for f in df.schema.fields},
         source,
+        null_propensity,
     )
     columns.check()
     return columns
@@ -94,12 +98,14 @@ def _with_view(df: DataFrame) -> tuple[SparkSession, str]:
     return df.sparkSession, name
 
 
-def check_steps(df: DataFrame, source: str = "<steps>") -> StepColumns:
+def check_steps(
+    df: DataFrame, source: str = "<steps>", null_propensity: NullPropensity = "error"
+) -> StepColumns:
     """Check a step-log DataFrame as the CLI does (two Spark jobs); raises `DataError`."""
-    columns = step_columns(df, source)
+    columns = step_columns(df, source, null_propensity)
     spark, view = _with_view(df)
     try:
-        for sql in (checks_sql(columns, view), duplicates_sql(view)):
+        for sql in (checks_sql(columns, SparkDialect(), view), duplicates_sql(view)):
             row = spark.sql(sql).collect()[0]
             raise_for_checks(source, row.asDict())
     finally:
@@ -115,14 +121,20 @@ def timeline(
     seed: int = 0,
     check: bool = True,
     order: bool = True,
+    null_propensity: NullPropensity = "error",
 ) -> DataFrame:
     """The transition table of a step-log DataFrame, lazily (nothing runs until an action).
 
     `side`: every episode (`all`), or the `train` / `eval` side of the hashed split at
     `eval_fraction` and `seed`. `check`: first check columns and values (runs two Spark
     jobs; raises `DataError`). `order`: sort by (mdp_id, sequence_number).
+    `null_propensity`: "one" reads a null propensity as 1.0 (Horizon's absorbing steps are
+    always taken as their episode's end, as the local engine does).
     """
-    columns = check_steps(steps) if check else step_columns(steps, "<steps>")
+    if check:
+        columns = check_steps(steps, null_propensity=null_propensity)
+    else:
+        columns = step_columns(steps, "<steps>", null_propensity)
     spark, view = _with_view(steps)
     sql = transitions_sql(
         columns,
@@ -190,6 +202,7 @@ def write_sides(
     *,
     eval_fraction: float,
     seed: int,
+    null_propensity: NullPropensity = "error",
 ) -> dict[Side, int]:
     """Check the step log, then write each side as a directory of Parquet part files: a
     local path into a temporary directory beside it, renamed into place when complete; a
@@ -200,12 +213,15 @@ def write_sides(
     spark = session()
     try:
         steps = read_steps(spark, input_path)
-        check_steps(steps, str(input_path))
+        check_steps(steps, str(input_path), null_propensity)
     except PySparkException as err:
         raise DataError(f"{input_path}: cannot read step logs ({_first_line(err)})") from err
     written: dict[Side, int] = {}
     for side, target in outputs.items():
-        table = timeline(steps, side=side, eval_fraction=eval_fraction, seed=seed, check=False)
+        table = timeline(
+            steps, side=side, eval_fraction=eval_fraction, seed=seed, check=False,
+            null_propensity=null_propensity,
+        )  # fmt: skip
         try:
             if is_uri(target):
                 table.write.mode("overwrite").parquet(target)

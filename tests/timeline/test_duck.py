@@ -4,6 +4,7 @@ Lines, out of core, in row groups sized for sharding; bad input and bad flags.""
 from __future__ import annotations
 
 import gzip
+import os
 import shutil
 
 import pyarrow as pa
@@ -175,16 +176,16 @@ def test_default_threads_leave_each_thread_128_mib_of_the_memory_limit() -> None
     while sorting; the default thread count is capped by the limit instead."""
     import duckdb
 
-    from reagent_lite.timeline.duck import _default_threads
+    from reagent_lite.timeline.connection import default_threads
 
     con = duckdb.connect()
     con.execute("SET threads = 64")
     con.execute("SET memory_limit = '1GB'")  # 953.6 MiB: 7 threads of 128 MiB
-    assert _default_threads(con) == 7
+    assert default_threads(con) == 7
     con.execute("SET memory_limit = '100GB'")
-    assert _default_threads(con) == 64
+    assert default_threads(con) == 64
     con.execute("SET memory_limit = '10MB'")
-    assert _default_threads(con) == 1
+    assert default_threads(con) == 1
 
 
 def test_a_damaged_data_page_exits_3_naming_the_file_and_row_group(steps, tmp_path) -> None:
@@ -220,3 +221,71 @@ def test_a_missing_temp_dir_is_a_flag_error(steps, tmp_path) -> None:
         "--temp-dir", str(tmp_path / "nowhere"),
     )  # fmt: skip
     assert rc == 2 and "--temp-dir" in text and "nowhere" in text and "Traceback" not in text, text
+
+
+@pytest.mark.parametrize(
+    "limit", ["1GB'; COPY (SELECT 42) TO '{target}'; SET memory_limit='1GB", "0GB", "80%", "1 GB x"]
+)
+def test_a_memory_limit_that_is_not_a_size_exits_2_and_runs_nothing(steps, tmp_path, limit) -> None:
+    """The value was pasted into `SET memory_limit = '...'`: a quote in it ran SQL."""
+    pq.write_table(steps, tmp_path / "s.parquet")
+    limit = limit.format(target=tmp_path / "injected.csv")
+    rc, text = run_cli(
+        "--input", str(tmp_path / "s.parquet"), "--output", str(tmp_path / "t.parquet"),
+        "--memory-limit", limit,
+    )  # fmt: skip
+    assert rc == 2 and "--memory-limit" in text and repr(limit) in text, text
+    assert "Traceback" not in text and "KiB" in text
+    assert not (tmp_path / "t.parquet").exists()
+    assert not (tmp_path / "injected.csv").exists()
+
+
+def test_sizes_duckdb_writes_are_accepted(steps) -> None:
+    for limit in ("512MB", "1.5gb", "1 GiB", "2048 kib"):
+        train, _ = build_training_table(steps, settings=DuckSettings(memory_limit=limit))
+        assert train.num_rows > 0
+
+
+def test_paths_with_quotes_work(steps, tmp_path) -> None:
+    """Paths reach DuckDB as parameters or escaped literals: a quote is just a character."""
+    folder = tmp_path / "it's here"
+    src = write_parts(steps, folder / "st'eps")
+    spill = folder / "sp'ill"
+    spill.mkdir()
+    out = folder / "tr'ain.parquet"
+    rc, text = run_cli(
+        "--input", str(src), "--output", str(out), "--temp-dir", str(spill),
+        "--memory-limit", "4MB", "--threads", "1",
+    )  # fmt: skip
+    assert rc == 0, text
+    assert sorted_rows(pq.read_table(out)) == oracle(steps, 0.0)[0]
+    assert list(spill.iterdir()) == []  # the private spill directory is removed
+    jsonl = write_jsonl(steps, folder / "st'eps.jsonl")
+    rc, text = run_cli("--input", str(jsonl), "--output", str(out))
+    assert rc == 0, text
+
+
+def test_an_output_that_would_replace_the_input_is_refused(steps, tmp_path) -> None:
+    """`--output` equal to `--input` replaced the step log with the table (exit 0)."""
+    src = tmp_path / "s.parquet"
+    pq.write_table(steps, src)
+    before = src.read_bytes()
+    (tmp_path / "link.parquet").symlink_to(src)
+    os.link(src, tmp_path / "hard.parquet")
+    parts = write_parts(steps, tmp_path / "parts")
+    other = str(tmp_path / "t.parquet")
+    cases = [
+        (str(src), ["--output", str(src)], "--output"),
+        (str(src), ["--output", str(tmp_path / "link.parquet")], "--output"),
+        (str(src), ["--output", str(tmp_path / "hard.parquet")], "--output"),
+        (str(src), ["--output", other, "--eval-output", str(src)], "--eval-output"),
+        (f"file://{src}", ["--output", other, "--eval-output", str(src)], "--eval-output"),
+        (str(parts), ["--output", str(parts / "t.parquet")], "--output"),
+        (str(parts / "part-00000.parquet"), ["--output", str(parts)], "--output"),
+    ]
+    for input_path, flags, flag in cases:
+        rc, text = run_cli("--input", input_path, *flags)
+        assert rc == 2 and f"{flag}: " in text and "--input" in text, (flags, text)
+        assert "Traceback" not in text
+    assert src.read_bytes() == before and not (tmp_path / "t.parquet").exists()
+    assert sorted(p.name for p in parts.iterdir()) == [f"part-{k:05d}.parquet" for k in range(3)]
