@@ -19,11 +19,17 @@ from reagent_lite.config import DQNWorkflowConfig, config_from_dict
 from reagent_lite.config.models import Precision, StepVariants
 from reagent_lite.errors import ConfigError
 from reagent_lite.models import ParametricQNetwork, build_q_network, candidate_layer
-from reagent_lite.models.traced import ForwardOptions
+from reagent_lite.models.bcq import BCQQNetwork
+from reagent_lite.models.traced import ForwardOptions, TracedMLP
 from reagent_lite.trainers import DQNHyperParams, ParametricDQNTrainer
 from reagent_lite.trainers.common import DQNLoss
 from reagent_lite.trainers.dqn import DQNTrainer
-from reagent_lite.training.compiled import CompiledApply, CompiledLoss, forward_options
+from reagent_lite.training.compiled import (
+    CompiledApply,
+    CompiledLoss,
+    forward_options,
+    traced_view,
+)
 from reagent_lite.training.sources import LazyBatch
 from tests.config.conftest import minimal_dqn
 from tests.trainers.helpers import random_discrete_batch, random_parametric_batch
@@ -239,3 +245,25 @@ def test_a_bad_step_variant_is_a_config_error_naming_the_key() -> None:
         "c.json: training.step_variants.output_sum: input should be 'auto' or 'off' (got \"on\")"
     )
     assert info.value.exit_code == 2
+
+
+def test_the_traced_view_swaps_the_trainers_networks_for_variants_and_keeps_its_own() -> None:
+    """What the compiled loss traces `compute_loss` on: a copy of the trainer whose online,
+    target and BCQ networks are variants over the same parameters (BCQ's is the online
+    one's); the trainer itself keeps its plain networks."""
+
+    def mlp() -> nn.Module:
+        return build_q_network(
+            in_dim=5, n_actions=3, layers=[-1, 8, -1], activations=["relu", "linear"]
+        )
+
+    trainer = DQNTrainer(BCQQNetwork(mlp(), mlp(), 0.3), DQNHyperParams(), n_actions=3)
+    online, target = trainer.online, trainer.target
+    view = traced_view(trainer, ForwardOptions(sum_outputs=4), {})
+    assert trainer.online is online and trainer.target is target and trainer.bcq is online
+    assert view.online is not online and view.target is not target
+    assert view.bcq is view.online and view.q_net is view.online
+    assert isinstance(view.online.q, TracedMLP)  # type: ignore[union-attr]
+    assert {id(p) for p in view.online.parameters()} == {id(p) for p in online.parameters()}
+    batch = random_discrete_batch(16, 5, 3)
+    torch.testing.assert_close(view.compute_loss(batch).total, trainer.compute_loss(batch).total)
