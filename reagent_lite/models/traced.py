@@ -62,7 +62,7 @@ class ForwardOptions:
         if self.candidate_kernel and any(
             isinstance(m, ParametricQNetwork) and candidate_layer.fits(m) for m in net.modules()
         ):
-            out.append("candidate kernel")
+            out.append("candidate kernel for grad-free candidate sets")
         return out
 
     def first_padding(self, first: nn.Linear) -> int:

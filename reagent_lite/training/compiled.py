@@ -1,6 +1,6 @@
 """`training.compile`: the trainer's loss compiled by Inductor, as a drop-in loss function.
 
-`CompiledLoss(trainer)` is called as `trainer.compute_loss(batch, net=net)` is and returns
+`CompiledLoss(trainer, options)` is called as `trainer.compute_loss(batch, net=net)` is and returns
 the same `DQNLoss`. The first call traces `compute_loss` (the micro-batch gathers, both
 networks' forwards, the Bellman target, TD and CQL terms) with torch.compile; AOTAutograd
 derives the backward, and Inductor fuses each into a few kernels (bias + ReLU + their
@@ -31,7 +31,8 @@ decay does not recompile, and the step counters live on the device.
 The compiled losses trace the networks' variants (`models.traced`): the same parameters,
 with the faster forms of `ForwardOptions`, which `forward_options` decides once from
 `training.step_variants`, the device and the precision; the eager losses (and the
-fallback below) run the plain forward. The step's log line names the forms taken.
+fallback below) run the plain forward. The step's log line names the forms that change
+something in its networks (`ForwardOptions.names`).
 
 If compilation fails (no C++ compiler for the CPU backend, an unsupported operator) the
 loss (the update) falls back to eager for the rest of the run, with a warning.
