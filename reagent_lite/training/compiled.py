@@ -261,7 +261,7 @@ class CompiledApply(_CompileOnce):
         # Inductor fuses the multi-tensor formulation; torch's fused kernel is opaque to it.
         self._fused = [bool(g.get("fused")) for g in optimizer.param_groups]
         self._set_fused(False)
-        self._compiled: Any = torch.compile(apply_update, dynamic=False)
+        self._compiled: Callable[[], None] = torch.compile(apply_update, dynamic=False)
 
     def _set_fused(self, fused: bool) -> None:
         for group, was in zip(self.optimizer.param_groups, self._fused, strict=True):
