@@ -158,6 +158,35 @@ class RainbowParameters(_Model):
     )
 
 
+Precision = Literal["fp32", "tf32", "bf16"]
+
+
+class StepVariants(_Model):
+    """`training.step_variants`: the faster forms of the networks' forward that a compiled
+    step (`training.compile`) traces; each gives the plain forward's values. `auto` takes
+    a form where it was measured faster; `off` keeps the plain form."""
+
+    pad_first_layer: Literal["auto", "on", "off"] = Field(
+        default="auto",
+        description="Zero-pad a first layer's rows to 16 bytes (zero weight columns) where "
+        "the product runs on tensor cores (tf32, bf16), so that cuBLAS takes aligned "
+        "kernels. auto: compiled CUDA steps; on: compiled steps on any device (bf16 on a "
+        "CPU too); off: never. IEEE fp32 products are never padded.",
+    )
+    output_sum: Literal["auto", "off"] = Field(
+        default="auto",
+        description="Trace an output layer of up to 4 outputs as a product and a sum, which "
+        "Inductor fuses with the activation before it. auto: every compiled step; off: the "
+        "matrix product (a 4-GPU run of the sum once scaled poorly on one host).",
+    )
+    candidate_kernel: Literal["auto", "off"] = Field(
+        default="auto",
+        description="Score a parametric candidate set without gradient (double Q's next "
+        "candidate) with one Triton kernel for the first layer and its ReLU. auto: compiled "
+        "CUDA steps where Triton is installed; off: the plain layer.",
+    )
+
+
 class TrainingParameters(_Model):
     """Network shape and optimizer (Horizon's `training` block)."""
 
@@ -229,7 +258,7 @@ class TrainingParameters(_Model):
     scale_lr_with_world_size: bool = Field(
         default=False, description="Multiply learning_rate by the world size (linear scaling rule)."
     )
-    precision: Literal["fp32", "tf32", "bf16"] = Field(
+    precision: Precision = Field(
         default="fp32",
         description="Arithmetic of the training step. fp32: full float32 (unchanged maths). "
         "tf32: float32 matrix products on TensorFloat-32 tensor cores (CUDA only; on a CPU "
@@ -246,6 +275,11 @@ class TrainingParameters(_Model):
         "Costs a compilation of tens of seconds at the start of a run (cached by "
         "torch across runs); worth it for long runs, mostly on GPU. Falls back to the "
         "plain step, with a warning, if compilation fails.",
+    )
+    step_variants: StepVariants = Field(
+        default_factory=StepVariants,
+        description="With compile: the faster forms of the forward the compiled step traces "
+        "(the step's log line names those taken).",
     )
 
     @field_validator("activations")

@@ -9,10 +9,12 @@ kernel reads the state part and the candidates and writes the activation once, i
 dtype the next layer reads (bfloat16 under bf16 autocast). benchmarks/RESULTS.md has the
 measurement (one H100, double Q's argmax over 16 candidates).
 
-Only where `usable` says so: a compiled step (Dynamo tracing: eager steps, evaluation and
-the exported model keep the plain layer), no gradient (double Q's choice of the next
-candidate; CQL's candidate set, scored with gradient, keeps it too), CUDA with Triton
-installed, the first activation a plain ReLU.
+Only where the step plan asks for it (`traced.ForwardOptions.candidate_kernel`: compiled
+CUDA steps where Triton is installed, `available`) and the network and the call allow it:
+the first activation a plain ReLU and at most MAX_ACTION_FEATURES action features
+(`fits`), a candidate set scored without gradient (`usable`: double Q's choice of the next
+candidate; CQL's candidate set, scored with gradient, keeps the plain layer). Eager steps,
+evaluation and the exported model run the plain network's forward, never this kernel.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from reagent_lite.models.mlp import compiling
+from reagent_lite.models.parametric import ParametricQNetwork
 
 try:
     import triton
@@ -35,23 +37,23 @@ MAX_ACTION_FEATURES = 64
 # (benchmarks/candidate_scores.py: 7.4 µs for 1,024 states × 16 candidates × 256 units,
 # 7.5 to 9.5 µs for the others; Inductor's matrix product and pass, 21.0 µs).
 BLOCK_ROWS, BLOCK_UNITS, WARPS = 16, 256, 4
-# Where the kernel runs (the tests point it at the CPU, with a stand-in for the kernel).
-DEVICE = "cuda"
 
 
-def usable(first_tail: nn.Module, state: Tensor, actions: Tensor) -> bool:
-    """Whether `first_layer` computes the network's first layer here (module notes);
-    `first_tail` is what follows the first linear layer."""
-    return (
-        triton is not None
-        and actions.device.type == DEVICE
-        and type(first_tail) is nn.ReLU
-        and actions.dim() == 3
-        and actions.shape[0] == state.shape[0]
-        and actions.shape[-1] <= MAX_ACTION_FEATURES
-        and not torch.is_grad_enabled()
-        and compiling()
-    )
+def available(device: torch.device) -> bool:
+    """Whether the kernel can run on `device`: CUDA, with Triton installed."""
+    return triton is not None and device.type == "cuda"
+
+
+def fits(net: ParametricQNetwork) -> bool:
+    """Whether the kernel computes `net`'s first layer: a plain ReLU after it, and few
+    enough action features to unroll."""
+    return type(net.mlp.tails[0]) is nn.ReLU and net.action_dim <= MAX_ACTION_FEATURES
+
+
+def usable(state: Tensor, actions: Tensor) -> bool:
+    """Whether this call scores a candidate set per state ([B, D], [B, K, G]) without
+    gradient, as the kernel (which has no backward) needs."""
+    return actions.dim() == 3 and actions.shape[0] == state.shape[0] and not torch.is_grad_enabled()
 
 
 def output_dtype(device: torch.device) -> torch.dtype:

@@ -18,7 +18,6 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from reagent_lite.models import candidate_layer, mlp
 from reagent_lite.models.mlp import MLP, resolve_layer_sizes
 
 
@@ -53,22 +52,9 @@ class ParametricQNetwork(nn.Module):
         if actions.dim() == 2:
             return self.mlp(torch.cat([state, actions], dim=-1)).squeeze(-1)
         first = self.mlp.linear(0)
-        weight = first.weight
-        pad = mlp.padding(state, first)
-        if pad:
-            # With TF32 products the state block, cut from the padded weight, has rows 16
-            # bytes apart, so that its product can take cuBLAS's aligned kernels (`MLP._from`
-            # pads the one-action product). Under bf16 autocast's cast copies the block
-            # into rows of its own width anyway.
-            weight = F.pad(weight, (0, pad))
-        w_state = weight[:, : self.state_dim]
-        w_action = weight[:, self.state_dim : self.state_dim + self.action_dim]
+        w_state = first.weight[:, : self.state_dim]
+        w_action = first.weight[:, self.state_dim : self.state_dim + self.action_dim]
         h_s = F.linear(state, w_state, first.bias)
-        if candidate_layer.usable(self.mlp.tails[0], state, actions):
-            # One kernel for the first layer and its ReLU (`candidate_layer`'s notes).
-            dtype = candidate_layer.output_dtype(actions.device)
-            h = candidate_layer.first_layer(h_s, actions, w_action, dtype)
-            return self.mlp.forward_from(1, h).squeeze(-1)
         # [B, K, H] + [B, 1, H]: the state's contribution is shared by all candidates.
         h_a = F.linear(actions, w_action)
         return self.mlp.forward_after_first(h_a + h_s.unsqueeze(1)).squeeze(-1)

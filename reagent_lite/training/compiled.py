@@ -1,6 +1,6 @@
 """`training.compile`: the trainer's loss compiled by Inductor, as a drop-in loss function.
 
-`CompiledLoss(trainer)` is called as `trainer.compute_loss(batch, net=net)` is and returns
+`CompiledLoss(trainer, options)` is called as `trainer.compute_loss(batch, net=net)` is and returns
 the same `DQNLoss`. The first call traces `compute_loss` (the micro-batch gathers, both
 networks' forwards, the Bellman target, TD and CQL terms) with torch.compile; AOTAutograd
 derives the backward, and Inductor fuses each into a few kernels (bias + ReLU + their
@@ -28,26 +28,83 @@ to for this, and the lerp — into kernels spread over the whole GPU. Only under
 there the learning rate is a device tensor (`graphs.make_capturable`), so the per-epoch
 decay does not recompile, and the step counters live on the device.
 
+The compiled losses trace the networks' variants (`models.traced`): the same parameters,
+with the faster forms of `ForwardOptions`, which `forward_options` decides once from
+`training.step_variants`, the device and the precision; the eager losses (and the
+fallback below) run the plain forward. The step's log line names the forms that change
+something in its networks (`ForwardOptions.names`).
+
 If compilation fails (no C++ compiler for the CPU backend, an unsupported operator) the
 loss (the update) falls back to eager for the rest of the run, with a warning.
 """
 
 from __future__ import annotations
 
+import copy
 import logging
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 import torch
 from torch import Tensor, nn
 
+from reagent_lite.config.models import Precision, StepVariants
 from reagent_lite.evaluation.cpe_models import CpeModelTrainer
-from reagent_lite.models import mlp
-from reagent_lite.trainers.common import DQNLoss, QLearningTrainer
+from reagent_lite.models import candidate_layer
+from reagent_lite.models.traced import ForwardOptions, traced_variant
+from reagent_lite.trainers.common import DQNLoss, QLearningTrainer, unwrap
 from reagent_lite.training.sources import LazyBatch
 
 log = logging.getLogger("reagent_lite")
+
+# The widest output layer traced as a product and a sum. Measured faster on H100s
+# (benchmarks/RESULTS.md) with 1 and 2 outputs (parametric, CartPole's dqn) on one GPU and,
+# on one host, on four; the bound of 4 is a guess between those and the wider layers whose
+# matrix product is not so thin.
+SUM_OUTPUTS = 4
+# A row of a tensor-core product's first layer is padded to this (`models.traced`).
+ALIGN_BYTES = 16
+
+
+def forward_options(
+    variants: StepVariants, device: torch.device, precision: Precision
+) -> ForwardOptions:
+    """The forms a compiled step on `device` in `precision` traces (`models.traced`), as
+    `training.step_variants` asks; `auto` is what was measured faster: padding for tf32 /
+    bf16 products on CUDA only, the sum everywhere, the kernel where Triton runs."""
+    cuda = device.type == "cuda"
+    pad = variants.pad_first_layer == "on" or (variants.pad_first_layer == "auto" and cuda)
+    # Tensor-core products only: bf16 (2 bytes), float32 on TF32 cores (a CUDA setting: a
+    # CPU step in tf32 is IEEE fp32). IEEE products keep their maths bit for bit.
+    itemsize = {"fp32": 0, "tf32": 4 if cuda else 0, "bf16": 2}[precision]
+    return ForwardOptions(
+        row_align=ALIGN_BYTES // itemsize if pad and itemsize else 0,
+        sum_outputs=SUM_OUTPUTS if variants.output_sum == "auto" else 0,
+        candidate_kernel=variants.candidate_kernel == "auto" and candidate_layer.available(device),
+    )
+
+
+_T = TypeVar("_T")
+_Out = TypeVar("_Out")
+# What the compiled Q-loss returns: the fields of `DQNLoss` (td, cql, total, mean Q).
+LossParts = tuple[Tensor, Tensor, Tensor, Tensor]
+
+
+def traced_view(trainer: _T, options: ForwardOptions, memo: dict[int, nn.Module]) -> _T:
+    """A shallow copy of `trainer` whose networks are their variants under `options`: what
+    the compiled loss traces `compute_loss` on. `trainer` itself keeps its networks; a
+    DDP wrapper is kept as it is (its forward is the eager loss's)."""
+    view = copy.copy(trainer)
+    for name, value in vars(trainer).items():
+        if isinstance(value, nn.Module) and unwrap(value) is value:
+            setattr(view, name, traced_variant(value, options, memo))
+    return view
+
+
+def describe_forms(options: ForwardOptions, net: nn.Module) -> str:
+    """The forms `options` take in `net`, for the step's log line."""
+    return ", ".join(options.names(net)) or "plain forward"
 
 
 class Rows:
@@ -80,7 +137,7 @@ class _CompileOnce:
             self.failed = why
             self._fell_back()
 
-    def _run(self, compiled: Callable[[], Any], eager: Callable[[], Any]) -> Any:
+    def _run(self, compiled: Callable[[], _Out], eager: Callable[[], _Out]) -> _Out:
         if self.failed:
             return eager()
         first = self._calls == 0
@@ -102,39 +159,51 @@ class _CompileOnce:
         return out
 
 
-class _Compiled(_CompileOnce):
+class _Compiled(_CompileOnce, Generic[_Out]):
     """A loss function of (micro-batch, modules...) compiled once per run: the batch goes in
-    as its source columns and row index (module notes)."""
+    as its source columns and row index (module notes); the trace runs on the modules'
+    variants under `options`, the eager function on the modules."""
 
-    def __init__(self) -> None:
+    def __init__(self, options: ForwardOptions) -> None:
         super().__init__()
-        self._compiled: Any = torch.compile(self._traced, dynamic=False)
+        self.options = options
+        self._memo: dict[int, nn.Module] = {}  # plain module id → its variant
+        self._compiled: Callable[..., _Out] = torch.compile(self._traced, dynamic=False)
 
-    def _eager(self, batch: Any, *modules: nn.Module) -> Any:
+    def _eager(self, batch: LazyBatch, *modules: nn.Module) -> _Out:
         raise NotImplementedError
 
-    def _traced(self, columns: dict[str, Tensor], idx: Tensor | None, *modules: nn.Module) -> Any:
+    def _traced_loss(self, rows: Rows, *modules: nn.Module) -> _Out:
+        raise NotImplementedError
+
+    def _traced(self, columns: dict[str, Tensor], idx: Tensor | None, *modules: nn.Module) -> _Out:
         rows = Rows(
             columns if idx is None else {k: v.index_select(0, idx) for k, v in columns.items()}
         )
-        return self._eager(rows, *modules)
+        return self._traced_loss(rows, *modules)
 
-    def _call(self, batch: LazyBatch, *modules: nn.Module) -> Any:
+    def _call(self, batch: LazyBatch, *modules: nn.Module) -> _Out:
         columns, idx = batch.parts()
+        variants = [traced_variant(m, self.options, self._memo) for m in modules]
         return self._run(
-            lambda: self._compiled(columns, idx, *modules), lambda: self._eager(batch, *modules)
+            lambda: self._compiled(columns, idx, *variants), lambda: self._eager(batch, *modules)
         )
 
 
-class CompiledLoss(_Compiled):
+class CompiledLoss(_Compiled[LossParts]):
     """`trainer.compute_loss`, compiled once per run (see the module notes)."""
 
-    def __init__(self, trainer: QLearningTrainer[Any]) -> None:
+    def __init__(self, trainer: QLearningTrainer[Any], options: ForwardOptions) -> None:
         self.trainer = trainer
-        super().__init__()
+        super().__init__(options)
+        self._view = traced_view(trainer, options, self._memo)
 
-    def _eager(self, batch: Any, *modules: nn.Module) -> Any:
+    def _eager(self, batch: LazyBatch, *modules: nn.Module) -> LossParts:
         loss = self.trainer.compute_loss(batch, net=modules[0])
+        return loss.td_loss, loss.cql_loss, loss.total, loss.mean_q
+
+    def _traced_loss(self, rows: Rows, *modules: nn.Module) -> LossParts:
+        loss = self._view.compute_loss(rows, net=modules[0])
         return loss.td_loss, loss.cql_loss, loss.total, loss.mean_q
 
     def __call__(self, batch: LazyBatch, net: nn.Module) -> DQNLoss:
@@ -145,30 +214,36 @@ class CompiledLoss(_Compiled):
     def describe(self) -> str:
         if self.failed:
             return f"{self.failed}, eager loss"
-        if mlp.SUM_OUTPUTS == 0:
-            switch = f"{mlp.FUSED_OUTPUT_ENV}=0"
-            return f"loss compiled by Inductor (output layers as matrix products: {switch})"
-        return "loss compiled by Inductor"
+        forms = describe_forms(self.options, self.trainer.online)
+        return f"loss compiled by Inductor ({forms})"
 
 
-class CompiledCpeLoss(_Compiled):
+class CompiledCpeLoss(_Compiled[Tensor]):
     """The CPE side models' `compute_loss` (reward and policy-value models: the
     next-state policy, the target value and both regressions), compiled the same way."""
 
     what = "CPE models' loss"
 
-    def __init__(self, cpe: CpeModelTrainer) -> None:
+    def __init__(self, cpe: CpeModelTrainer, options: ForwardOptions) -> None:
         self.cpe = cpe
-        super().__init__()
+        super().__init__(options)
+        self._view = traced_view(cpe, options, self._memo)
 
-    def _eager(self, batch: Any, *modules: nn.Module) -> Any:
+    def _eager(self, batch: LazyBatch, *modules: nn.Module) -> Tensor:
         return self.cpe.compute_loss(batch, modules[0], modules[1])
+
+    def _traced_loss(self, rows: Rows, *modules: nn.Module) -> Tensor:
+        return self._view.compute_loss(rows, modules[0], modules[1])
 
     def __call__(self, batch: LazyBatch, q_net: nn.Module, nets: nn.Module) -> Tensor:
         if self.failed or nets is not self.cpe.plain:  # a DDP wrapper: its hooks reduce
             return self.cpe.compute_loss(batch, q_net, nets)
-        out: Tensor = self._call(batch, q_net, nets)
-        return out
+        return self._call(batch, q_net, nets)
+
+    def describe(self) -> str:
+        if self.failed:
+            return "CPE models' loss eager"
+        return f"CPE models' loss compiled ({describe_forms(self.options, self.cpe.plain)})"
 
 
 class CompiledApply(_CompileOnce):
@@ -186,7 +261,7 @@ class CompiledApply(_CompileOnce):
         # Inductor fuses the multi-tensor formulation; torch's fused kernel is opaque to it.
         self._fused = [bool(g.get("fused")) for g in optimizer.param_groups]
         self._set_fused(False)
-        self._compiled: Any = torch.compile(apply_update, dynamic=False)
+        self._compiled: Callable[[], None] = torch.compile(apply_update, dynamic=False)
 
     def _set_fused(self, fused: bool) -> None:
         for group, was in zip(self.optimizer.param_groups, self._fused, strict=True):

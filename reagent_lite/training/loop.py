@@ -221,6 +221,7 @@ class Workflow:
                 resident=cfg.device_resident_data,
                 precision=cfg.training.precision,
                 compiled=cfg.training.compile,
+                step_variants=cfg.training.step_variants,
                 disk=self.disk,
                 epochs=cfg.epochs,
             )

@@ -10,8 +10,9 @@
   product and a sum with the float32 weight, gives float32 where the linear layer gives
   bf16.)
 
-With tf32 and bf16 a compiled CUDA step pads a first layer's rows to 16 bytes
-(`models.mlp.row_padding`); tf32 reaches the trace through `mlp.TF32_PRODUCTS`, set here.
+With tf32 and bf16 a compiled CUDA step pads a first layer's rows to 16 bytes: the step
+plan decides it from the precision (`compiled.forward_options`), not from these settings,
+which a trace cannot read.
 
 Only the step is affected: evaluation, CPE and the exported model read the float32
 weights in float32.
@@ -24,13 +25,13 @@ from collections.abc import Iterator
 
 import torch
 
-from reagent_lite.models import mlp
+from reagent_lite.config.models import Precision
 
-PRECISIONS = ("fp32", "tf32", "bf16")
+PRECISIONS: tuple[Precision, ...] = ("fp32", "tf32", "bf16")
 
 
 @contextlib.contextmanager
-def step_precision(precision: str, device: torch.device) -> Iterator[None]:
+def step_precision(precision: Precision, device: torch.device) -> Iterator[None]:
     """Runs the enclosed step in `precision` on `device`; restores the settings after."""
     if precision == "fp32":
         yield
@@ -39,12 +40,12 @@ def step_precision(precision: str, device: torch.device) -> Iterator[None]:
             yield
             return
         matmul = torch.backends.cuda.matmul
-        before, traced_before = matmul.fp32_precision, mlp.TF32_PRODUCTS
-        matmul.fp32_precision, mlp.TF32_PRODUCTS = "tf32", True
+        before = matmul.fp32_precision
+        matmul.fp32_precision = "tf32"
         try:
             yield
         finally:
-            matmul.fp32_precision, mlp.TF32_PRODUCTS = before, traced_before
+            matmul.fp32_precision = before
     elif precision == "bf16":
         with torch.autocast(device.type, dtype=torch.bfloat16, cache_enabled=False):
             yield

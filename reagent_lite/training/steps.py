@@ -23,13 +23,19 @@ from typing import Any
 import torch
 
 from reagent_lite.config import BaseWorkflowConfig
+from reagent_lite.config.models import Precision, StepVariants
 from reagent_lite.data.disk_stream import DiskShardStream
 from reagent_lite.data.sampler import EpochSampler, UnionSampler
 from reagent_lite.data.tensordict import TensorDict
 from reagent_lite.distributed.context import DistContext
 from reagent_lite.evaluation.cpe_models import CpeModelTrainer
 from reagent_lite.trainers.common import QLearningTrainer
-from reagent_lite.training.compiled import CompiledApply, CompiledCpeLoss, CompiledLoss
+from reagent_lite.training.compiled import (
+    CompiledApply,
+    CompiledCpeLoss,
+    CompiledLoss,
+    forward_options,
+)
 from reagent_lite.training.graphs import GraphStep, graph_blocker
 from reagent_lite.training.sources import (
     BatchSource,
@@ -136,16 +142,19 @@ def build_step_runner(
     minibatch_size: int,
     cuda_graphs: bool,
     resident: bool,
+    precision: Precision,
+    compiled: bool,
+    step_variants: StepVariants,
     disk: DiskShardStream | None = None,
-    precision: str = "fp32",
-    compiled: bool = False,
     epochs: int | None = None,
 ) -> StepRunner:
     """The runner of a run's settings. `data`: the shard (with `disk`, the stream of
     `stream_from_disk`, only its normalized sample: a column template); `resident`:
     `device_resident_data`; `minibatch_size`: the sampler's batch (the micro-batch, or W
     of them when emulating W ranks); `epochs`: the run's epochs (a streamed source reads
-    no chunk past the last)."""
+    no chunk past the last); `precision`, `compiled`, `step_variants`: `training.precision`,
+    `training.compile`, `training.step_variants`, the forms the compiled losses trace being
+    decided here, once."""
     device = ctx.device
     columns = training_columns(data)
     mps, batch = minibatches_per_step, minibatch_size
@@ -158,8 +167,9 @@ def build_step_runner(
         source = HostStreamed(columns, sampler, device, chunk_rows, mps, batch, epochs)
     else:
         source = ResidentRows(columns, data.pack, sampler, steps_per_epoch, mps, batch)
-    loss = CompiledLoss(trainer) if compiled else None
-    cpe_loss = CompiledCpeLoss(cpe) if compiled and cpe is not None else None
+    options = forward_options(step_variants, device, precision)
+    loss = CompiledLoss(trainer, options) if compiled else None
+    cpe_loss = CompiledCpeLoss(cpe, options) if compiled and cpe is not None else None
     update = Update(
         trainer,
         cpe,

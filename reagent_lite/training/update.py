@@ -11,6 +11,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from reagent_lite.config.models import Precision
 from reagent_lite.distributed.context import DistContext, GradAverage
 from reagent_lite.evaluation.cpe_models import CpeModelTrainer
 from reagent_lite.trainers.common import QLearningTrainer
@@ -42,7 +43,7 @@ class Update:
         q_sync: GradAverage | None = None,
         cpe_sync: GradAverage | None = None,
         *,
-        precision: str = "fp32",
+        precision: Precision,
         loss: CompiledLoss | None = None,
         cpe_loss: CompiledCpeLoss | None = None,
         apply: CompiledApply | None = None,
@@ -86,7 +87,7 @@ class Update:
         if self.loss is not None:
             parts.append(self.loss.describe())
         if self.cpe_loss is not None and self.cpe is not None:
-            parts.append("CPE models' loss " + ("eager" if self.cpe_loss.failed else "compiled"))
+            parts.append(self.cpe_loss.describe())
         if self.apply is not None:
             parts.append(self.apply.describe())
         if self.cpe_apply is not None and self.cpe is not None:

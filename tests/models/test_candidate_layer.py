@@ -14,6 +14,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from reagent_lite.models import ParametricQNetwork, candidate_layer
+from reagent_lite.models.traced import ForwardOptions, traced_variant
 from tests.conftest import REPO_ROOT
 
 
@@ -23,32 +24,41 @@ def _reference(state_part: Tensor, actions: Tensor, w_action: Tensor, dtype: tor
 
 @pytest.fixture
 def stand_in(monkeypatch: pytest.MonkeyPatch) -> list[torch.Size]:
-    """The kernel's maths in plain torch, on the CPU, as if Triton were installed; returns
-    the shapes of the candidate sets it scored."""
+    """The kernel's maths in plain torch, on the CPU (Triton's kernels need CUDA; the kernel
+    itself is tested below); returns the shapes of the candidate sets it scored."""
     calls: list[torch.Size] = []
 
     def first_layer(state_part: Tensor, actions: Tensor, w_action: Tensor, dtype: torch.dtype):  # type: ignore[no-untyped-def]
         calls.append(actions.shape)
         return _reference(state_part, actions, w_action, dtype)
 
-    monkeypatch.setattr(candidate_layer, "triton", object())
-    monkeypatch.setattr(candidate_layer, "DEVICE", "cpu")
     monkeypatch.setattr(candidate_layer, "first_layer", first_layer)
     return calls
 
 
-def _scores(net: ParametricQNetwork, compiled: bool, grad: bool = False) -> Tensor:
+KERNEL = ForwardOptions(candidate_kernel=True)
+
+
+def _scores(
+    net: ParametricQNetwork, compiled: bool, grad: bool = False, options: ForwardOptions = KERNEL
+) -> Tensor:
+    """The scores of a candidate set by `net` (plain, eager) or its variant under
+    `options` (compiled)."""
     torch.manual_seed(1)
     state, actions = torch.randn(6, 5), torch.randn(6, 7, 3)
     torch._dynamo.reset()
-    fn = torch.compile(net, backend="aot_eager", fullgraph=True) if compiled else net
+    variant = traced_variant(net, options)
+    fn = torch.compile(variant, backend="aot_eager", fullgraph=True) if compiled else net
     with torch.set_grad_enabled(grad):
         return fn(state, actions)
 
 
-def test_a_compiled_grad_free_candidate_set_takes_the_kernel(stand_in: list[torch.Size]) -> None:
-    """Compiled and without gradient (double Q's choice), the first layer and its ReLU are
-    the kernel's; the scores are the plain network's."""
+def test_a_grad_free_candidate_set_takes_the_kernel_in_the_variant(
+    stand_in: list[torch.Size],
+) -> None:
+    """The variant with `candidate_kernel`, compiled and without gradient (double Q's
+    choice): the first layer and its ReLU are the kernel's; the scores are the plain
+    network's."""
     torch.manual_seed(0)
     net = ParametricQNetwork(5, 3, [-1, 16, 8, -1], ["relu", "relu", "linear"])
     got = _scores(net, compiled=True)
@@ -57,28 +67,43 @@ def test_a_compiled_grad_free_candidate_set_takes_the_kernel(stand_in: list[torc
 
 
 @pytest.mark.parametrize(
-    "case", ["eager", "with gradient", "tanh", "layer norm", "one action per state"]
+    "case",
+    [
+        "eager",
+        "plain compiled",
+        "kernel off",
+        "with gradient",
+        "tanh",
+        "layer norm",
+        "one action per state",
+    ],
 )
 def test_everything_else_keeps_the_plain_layer(stand_in: list[torch.Size], case: str) -> None:
-    """Eager forwards (evaluation, the exported model), candidate sets scored with gradient
-    (CQL), another first activation, a layer norm, and one action per state."""
+    """The plain forward, eager (evaluation, the exported model) or compiled; a variant
+    not asked for the kernel (`step_variants.candidate_kernel: off`); candidate sets scored
+    with gradient (CQL), another first activation, a layer norm, and one action
+    per state."""
     torch.manual_seed(0)
     first = "tanh" if case == "tanh" else "relu"
     net = ParametricQNetwork(5, 3, [-1, 16, -1], [first, "linear"], layer_norm=case == "layer norm")
     if case == "one action per state":
         torch._dynamo.reset()
         with torch.no_grad():
-            torch.compile(net, backend="aot_eager")(torch.randn(6, 5), torch.randn(6, 3))
+            variant = traced_variant(net, KERNEL)
+            torch.compile(variant, backend="aot_eager")(torch.randn(6, 5), torch.randn(6, 3))
     else:
-        _scores(net, compiled=case != "eager", grad=case == "with gradient")
+        options = {
+            "plain compiled": ForwardOptions(),
+            "kernel off": ForwardOptions(row_align=4, sum_outputs=4),
+        }.get(case, KERNEL)
+        _scores(net, compiled=case != "eager", grad=case == "with gradient", options=options)
     assert stand_in == []
 
 
-def test_without_triton_or_off_the_kernels_device_the_plain_layer() -> None:
-    net = ParametricQNetwork(5, 3, [-1, 16, -1], ["relu", "linear"])
-    actions = torch.randn(2, 4, 3)
-    with torch.no_grad():
-        assert not candidate_layer.usable(net.mlp.tails[0], torch.randn(2, 5), actions)
+def test_the_kernel_is_available_on_cuda_with_triton_only() -> None:
+    assert not candidate_layer.available(torch.device("cpu"))
+    has_triton = candidate_layer.triton is not None
+    assert candidate_layer.available(torch.device("cuda")) == has_triton
 
 
 def test_the_kernel_computes_the_layer_under_the_triton_interpreter() -> None:

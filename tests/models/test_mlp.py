@@ -6,7 +6,8 @@ import torch
 from reagent_lite.errors import ConfigError
 from reagent_lite.export import export_program
 from reagent_lite.kinds import FeatureSpace, get_kind
-from reagent_lite.models import MLP, build_q_network, mlp, resolve_layer_sizes
+from reagent_lite.models import MLP, build_q_network, resolve_layer_sizes
+from reagent_lite.models.traced import ForwardOptions, traced_variant
 from reagent_lite.normalization.identify import fit_normalization
 from reagent_lite.normalization.module import Preprocessor
 
@@ -89,11 +90,14 @@ def _traced_ops(net: torch.nn.Module, *args: torch.Tensor) -> list[str]:
     return [str(n.target) for gm in graphs for n in gm.graph.nodes if n.op.startswith("call_")]
 
 
-def _compiled_equals_eager(net: MLP, x: torch.Tensor) -> tuple[torch.Tensor, list[torch.Tensor]]:
-    """Asserts that `net` compiled (aot_eager) gives the eager values and gradients of a
-    squared-sum loss on `x`; returns the compiled output and gradients."""
+def _compiled_equals_eager(
+    net: MLP, x: torch.Tensor, options: ForwardOptions
+) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    """Asserts that `net`'s variant under `options`, compiled (aot_eager), gives the plain
+    eager forward's values and gradients of a squared-sum loss on `x`; returns the
+    compiled output and gradients."""
     torch._dynamo.reset()
-    got = torch.compile(net, backend="aot_eager", fullgraph=True)(x)
+    got = torch.compile(traced_variant(net, options), backend="aot_eager", fullgraph=True)(x)
     got.square().sum().backward()
     got_grads = [p.grad.clone() for p in net.parameters() if p.grad is not None]
     net.zero_grad()
@@ -106,23 +110,29 @@ def _compiled_equals_eager(net: MLP, x: torch.Tensor) -> tuple[torch.Tensor, lis
     return got, got_grads
 
 
-def _traced_linears_and_sums(net: MLP) -> tuple[int, bool]:
-    ops = _traced_ops(net, torch.randn(9, 5))
+SUM = ForwardOptions(sum_outputs=4)
+
+
+def _traced_linears_and_sums(
+    net: torch.nn.Module, options: ForwardOptions = SUM
+) -> tuple[int, bool]:
+    ops = _traced_ops(traced_variant(net, options), torch.randn(9, 5))
     return sum("linear" in op for op in ops), any("sum" in op for op in ops)
 
 
 @pytest.mark.parametrize("outputs", [1, 2, 4])
-def test_a_thin_last_layer_is_a_sum_when_compiled(outputs: int) -> None:
-    """Compiled, a last layer of up to 4 outputs is a product and a sum (fused with the
-    activation before it), with the value and gradients of the linear layer it replaces."""
+def test_a_thin_last_layer_is_a_sum_in_the_variant(outputs: int) -> None:
+    """With `sum_outputs`, a last layer of up to 4 outputs is a product and a sum (fused
+    with the activation before it), with the value and gradients of the linear layer it
+    replaces."""
     torch.manual_seed(0)
     net = MLP([5, 16, 8, outputs], ["relu", "relu", "linear"])
     assert _traced_linears_and_sums(net) == (2, True)
-    got, _ = _compiled_equals_eager(net, torch.randn(9, 5))
+    got, _ = _compiled_equals_eager(net, torch.randn(9, 5), SUM)
     assert got.shape == (9, outputs)
 
 
-def test_a_wider_last_layer_stays_a_matrix_product_when_compiled() -> None:
+def test_a_wider_last_layer_stays_a_matrix_product_in_the_variant() -> None:
     assert _traced_linears_and_sums(MLP([5, 16, 5], ["relu", "linear"])) == (2, False)
 
 
@@ -133,17 +143,17 @@ def test_a_trunks_thin_last_hidden_layer_stays_a_matrix_product() -> None:
     assert _traced_linears_and_sums(trunk) == (2, False)
 
 
-def test_the_switch_keeps_the_matrix_product(monkeypatch: pytest.MonkeyPatch) -> None:
-    """REAGENT_LITE_FUSED_OUTPUT=0: every output layer stays a matrix product."""
-    assert mlp.sum_outputs({}) == mlp.sum_outputs({mlp.FUSED_OUTPUT_ENV: "1"}) == 4
-    assert mlp.sum_outputs({mlp.FUSED_OUTPUT_ENV: " 0 "}) == 0
-    monkeypatch.setattr(mlp, "SUM_OUTPUTS", mlp.sum_outputs({mlp.FUSED_OUTPUT_ENV: "0"}))
-    assert _traced_linears_and_sums(MLP([5, 16, 1], ["relu", "linear"])) == (2, False)
+def test_the_plain_forward_compiled_and_the_switched_off_variant_keep_the_product() -> None:
+    """The network's own forward, compiled, is the plain one (no module switch turns it
+    into the sum); so is the variant of options that ask for nothing."""
+    net = MLP([5, 16, 1], ["relu", "linear"])
+    assert traced_variant(net, ForwardOptions()) is net
+    assert _traced_linears_and_sums(net, ForwardOptions()) == (2, False)
 
 
 def test_the_exported_model_keeps_the_linear_layer() -> None:
-    """`export_program` (non-strict, no Dynamo) writes the eager form: `aten.linear` for
-    the thin output layer too, no product-and-sum."""
+    """`export_program` (non-strict, no Dynamo) writes the plain forward: `aten.linear`
+    for the thin output layer too, no product-and-sum."""
     net = build_q_network(in_dim=2, n_actions=3, layers=[-1, 8, -1], activations=["relu", "linear"])
     kind, space = get_kind("dqn"), FeatureSpace(state_ids=["0", "1"], actions=["a", "b", "c"])
     pre = Preprocessor(
@@ -155,78 +165,45 @@ def test_the_exported_model_keeps_the_linear_layer() -> None:
     assert torch.ops.aten.sum.dim_IntList not in targets, targets
 
 
-def _traced_pads(net: MLP, x: torch.Tensor) -> int:
-    return sum("pad" in op for op in _traced_ops(net, x))
+def _traced_pads(net: MLP, x: torch.Tensor, options: ForwardOptions) -> int:
+    return sum("pad" in op for op in _traced_ops(traced_variant(net, options), x))
 
 
 @pytest.mark.parametrize("width", [5, 14])
-def test_a_first_layer_of_unaligned_rows_is_padded_when_compiled_for_tensor_cores(
-    width: int, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """Compiled on the padding device for TF32 products, a first layer whose rows are not a
-    multiple of 16 bytes multiplies zero-padded rows by a zero-padded weight, with the
-    values and gradients of the plain layer; the weight's gradient keeps its shape."""
-    monkeypatch.setattr(mlp, "PAD_DEVICE", "cpu")
-    monkeypatch.setattr(mlp, "TF32_PRODUCTS", True)
+def test_a_first_layer_of_unaligned_rows_is_padded_in_the_variant(width: int) -> None:
+    """With `row_align` (4 features: TF32 products), a first layer whose rows are not a
+    multiple of it multiplies zero-padded rows by a zero-padded weight, with the values
+    and gradients of the plain layer; the weight's gradient keeps its shape."""
     torch.manual_seed(0)
     net = MLP([width, 16, 8, 2], ["relu", "relu", "linear"])
     x = torch.randn(9, width)
-    assert _traced_pads(net, x) == 2
-    _, got_grads = _compiled_equals_eager(net, x)
+    tf32 = ForwardOptions(row_align=4, sum_outputs=4)
+    assert _traced_pads(net, x, tf32) == 2
+    _, got_grads = _compiled_equals_eager(net, x, tf32)
     assert got_grads[0].shape == (16, width)
 
 
-def test_ieee_fp32_aligned_layers_and_other_devices_are_not_padded(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """Nothing is padded for IEEE fp32 products, for rows already of 16 bytes, or off the
-    padding device; a bf16 first layer of 4 features (8 bytes) is padded to 8."""
+def test_aligned_rows_and_options_without_alignment_are_not_padded() -> None:
+    """Nothing is padded for rows already aligned or for `row_align=0` (IEEE fp32); a bf16
+    first layer of 4 features (8 bytes) is padded to 8."""
     x5, x8, x4 = torch.randn(3, 5), torch.randn(3, 8), torch.randn(3, 4)
-    monkeypatch.setattr(mlp, "TF32_PRODUCTS", True)
-    assert _traced_pads(MLP([5, 16, 2], ["relu", "linear"]), x5) == 0  # not the device
-    monkeypatch.setattr(mlp, "PAD_DEVICE", "cpu")
-    assert _traced_pads(MLP([8, 16, 2], ["relu", "linear"]), x8) == 0
-    assert _traced_pads(MLP([4, 16, 2], ["relu", "linear"]), x4) == 0
+    assert _traced_pads(MLP([5, 16, 2], ["relu", "linear"]), x5, SUM) == 0
+    assert _traced_pads(MLP([8, 16, 2], ["relu", "linear"]), x8, ForwardOptions(row_align=4)) == 0
+    assert _traced_pads(MLP([4, 16, 2], ["relu", "linear"]), x4, ForwardOptions(row_align=4)) == 0
+    bf16 = ForwardOptions(row_align=8)
     with torch.autocast("cpu", dtype=torch.bfloat16):
-        assert _traced_pads(MLP([4, 16, 2], ["relu", "linear"]), x4) == 2
-    monkeypatch.setattr(mlp, "TF32_PRODUCTS", False)
-    assert _traced_pads(MLP([5, 16, 2], ["relu", "linear"]), x5) == 0
+        assert _traced_pads(MLP([4, 16, 2], ["relu", "linear"]), x4, bf16) == 2
 
 
-def test_row_padding_follows_the_products_dtype(monkeypatch: pytest.MonkeyPatch) -> None:
-    """16 bytes: 4 features in tf32, 8 in bf16 (autocast's dtype where it is on), none in
-    IEEE fp32 or float64."""
-    four, fourteen = torch.nn.Linear(4, 3), torch.nn.Linear(14, 3)
-    assert mlp.row_padding(torch.randn(2, 14), fourteen) == 0
-    assert mlp.row_padding(torch.randn(2, 4, dtype=torch.bfloat16), four) == 4
-    with torch.autocast("cpu", dtype=torch.bfloat16):
-        assert mlp.row_padding(torch.randn(2, 4), four) == 4
-        assert mlp.row_padding(torch.randn(2, 14), fourteen) == 2
-    monkeypatch.setattr(mlp, "TF32_PRODUCTS", True)
-    assert mlp.row_padding(torch.randn(2, 14), fourteen) == 2
-    assert mlp.row_padding(torch.randn(2, 4), four) == 0
-    assert mlp.row_padding(torch.randn(2, 14, dtype=torch.float64), fourteen) == 0
-
-
-def test_a_step_traced_again_under_tf32_pads(monkeypatch: pytest.MonkeyPatch) -> None:
-    """`step_precision("tf32")` sets the flag the trace reads, and Dynamo guards on it: the
-    same compiled network, called in fp32 and then in tf32, is traced twice, padded the
-    second time."""
-    from reagent_lite.training.precision import step_precision
-
-    monkeypatch.setattr(mlp, "PAD_DEVICE", "cpu")
-    net, x = MLP([5, 16, 2], ["relu", "linear"]), torch.randn(3, 5)
-    pads: list[int] = []
-
-    def keep(gm: torch.fx.GraphModule, _inputs: list[torch.Tensor]):  # type: ignore[no-untyped-def]
-        pads.append(sum("pad" in str(n.target) for n in gm.graph.nodes))
-        return gm.forward
-
-    torch._dynamo.reset()
-    compiled = torch.compile(net, backend=keep, fullgraph=True)
-    compiled(x)
-    with step_precision("tf32", torch.device("cuda")):
-        assert mlp.TF32_PRODUCTS
-        compiled(x)
-    assert not mlp.TF32_PRODUCTS
-    assert pads == [0, 2]
+def test_the_variant_shares_the_networks_parameters_and_leaves_it_plain() -> None:
+    """A container (dueling) gets a variant of its trunk over the same parameters; the
+    network itself keeps its own children."""
+    net = build_q_network(
+        in_dim=5, n_actions=3, layers=[-1, 16, -1], activations=["relu", "linear"], dueling=True
+    )
+    variant = traced_variant(net, ForwardOptions(row_align=4))
+    assert variant is not net and isinstance(net.trunk, MLP)  # type: ignore[attr-defined]
+    assert variant.trunk is not net.trunk  # type: ignore[attr-defined]
+    assert {id(p) for p in variant.parameters()} == {id(p) for p in net.parameters()}
+    x = torch.randn(4, 5)
+    torch.testing.assert_close(variant(x), net(x))

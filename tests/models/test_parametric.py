@@ -1,9 +1,9 @@
 from __future__ import annotations
 
-import pytest
 import torch
 
-from reagent_lite.models import ParametricQNetwork, mlp
+from reagent_lite.models import ParametricQNetwork
+from reagent_lite.models.traced import ForwardOptions, traced_variant
 
 
 def _net(**kw: object) -> ParametricQNetwork:
@@ -59,15 +59,11 @@ def test_candidates_shared_by_all_states_and_vmap() -> None:
     torch.testing.assert_close(mapped, looped, rtol=1e-5, atol=1e-6)
 
 
-def test_compiled_for_tensor_cores_both_forms_pad_the_first_layer(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """Compiled for TF32 products on the padding device, 5 + 3 state and action features
+def test_the_variant_for_tensor_cores_pads_the_first_layer_in_both_forms() -> None:
+    """The variant for TF32 products (`row_align=4`): 5 + 3 state and action features
     (32 bytes, aligned) are not padded, 5 + 4 are: the candidate set through a state block
     cut from the padded weight, one action per state through padded rows. Scores and
-    gradients are the eager network's."""
-    monkeypatch.setattr(mlp, "PAD_DEVICE", "cpu")
-    monkeypatch.setattr(mlp, "TF32_PRODUCTS", True)
+    gradients are the plain network's."""
     traced: list[int] = []
 
     def keep(gm: torch.fx.GraphModule, _inputs: list[torch.Tensor]):  # type: ignore[no-untyped-def]
@@ -81,7 +77,8 @@ def test_compiled_for_tensor_cores_both_forms_pad_the_first_layer(
         for actions, want_pads in ((cands, pads), (cands[:, 0], 2 * pads)):
             traced.clear()
             torch._dynamo.reset()
-            got = torch.compile(net, backend=keep, fullgraph=True)(state, actions)
+            variant = traced_variant(net, ForwardOptions(row_align=4, sum_outputs=4))
+            got = torch.compile(variant, backend=keep, fullgraph=True)(state, actions)
             assert traced == [want_pads], (g, actions.shape)
             got.sum().backward()
             got_grads = [p.grad.clone() for p in net.parameters()]  # type: ignore[union-attr]

@@ -15,12 +15,23 @@ import pytest
 import torch
 from torch import nn
 
-from reagent_lite.models import ParametricQNetwork, build_q_network, mlp
+from reagent_lite.config import DQNWorkflowConfig, config_from_dict
+from reagent_lite.config.models import Precision, StepVariants
+from reagent_lite.errors import ConfigError
+from reagent_lite.models import ParametricQNetwork, build_q_network, candidate_layer
+from reagent_lite.models.bcq import BCQQNetwork
+from reagent_lite.models.traced import ForwardOptions, TracedMLP
 from reagent_lite.trainers import DQNHyperParams, ParametricDQNTrainer
 from reagent_lite.trainers.common import DQNLoss
 from reagent_lite.trainers.dqn import DQNTrainer
-from reagent_lite.training.compiled import CompiledApply, CompiledLoss
+from reagent_lite.training.compiled import (
+    CompiledApply,
+    CompiledLoss,
+    forward_options,
+    traced_view,
+)
 from reagent_lite.training.sources import LazyBatch
+from tests.config.conftest import minimal_dqn
 from tests.trainers.helpers import random_discrete_batch, random_parametric_batch
 
 
@@ -103,7 +114,7 @@ def _agree_worker(rank: int, init: str, out: str) -> None:
         apply = CompiledApply(trainer.optimizer, trainer.apply_update, "optimizer step")
         if rank == 1:  # this rank's compilation "failed"
             apply.give_up("compile failed: simulated")
-        update = Update(trainer, None, torch.zeros(()), apply=apply)
+        update = Update(trainer, None, torch.zeros(()), precision="fp32", apply=apply)
         source = ResidentRows(
             {"state": torch.zeros(8, 4)}, None, EpochSampler(8, 4, 2, seed=0), 1, 2, 4
         )
@@ -166,7 +177,7 @@ def test_a_compiled_loss_traces_the_last_layer_as_a_sum(kind: str) -> None:
         net = ParametricQNetwork(4, 3, [-1, 16, -1], ["relu", "linear"])
         trainer = ParametricDQNTrainer(net, DQNHyperParams(double_q_learning=True))
         fields = vars(random_parametric_batch(32, 4, 3, 5))
-    loss = CompiledLoss(trainer)
+    loss = CompiledLoss(trainer, forward_options(StepVariants(), torch.device("cpu"), "fp32"))
     torch._dynamo.reset()
     got: list[DQNLoss] = []
     code = _traced_code(
@@ -178,9 +189,81 @@ def test_a_compiled_loss_traces_the_last_layer_as_a_sum(kind: str) -> None:
     torch.testing.assert_close(got[0].total, want.total, rtol=1e-5, atol=1e-6)
 
 
-def test_the_step_log_names_the_matrix_product_switch(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_step_log_names_the_forms_traced() -> None:
+    """The compiled loss's part of the `training step:` line names the forms its networks
+    trace, and none where `training.step_variants` turns them off."""
     net = ParametricQNetwork(4, 3, [-1, 16, -1], ["relu", "linear"])
-    loss = CompiledLoss(ParametricDQNTrainer(net, DQNHyperParams()))
-    assert loss.describe() == "loss compiled by Inductor"
-    monkeypatch.setattr(mlp, "SUM_OUTPUTS", 0)
-    assert "REAGENT_LITE_FUSED_OUTPUT=0" in loss.describe()
+    trainer = ParametricDQNTrainer(net, DQNHyperParams())
+    cpu = torch.device("cpu")
+    loss = CompiledLoss(trainer, forward_options(StepVariants(), cpu, "fp32"))
+    assert loss.describe() == "loss compiled by Inductor (output layer as a product and a sum)"
+    off = forward_options(StepVariants(output_sum="off"), cpu, "fp32")
+    assert off == ForwardOptions()
+    assert CompiledLoss(trainer, off).describe() == "loss compiled by Inductor (plain forward)"
+    padded = forward_options(StepVariants(pad_first_layer="on"), cpu, "bf16")
+    assert CompiledLoss(trainer, padded).describe() == (
+        "loss compiled by Inductor (first layer padded to 16 bytes, "
+        "output layer as a product and a sum)"
+    )
+
+
+@pytest.mark.parametrize(
+    ("variants", "device", "precision", "row_align"),
+    [
+        ({}, "cuda", "bf16", 8),  # 16 bytes of bf16
+        ({}, "cuda", "tf32", 4),  # 16 bytes of float32 on TF32 cores
+        ({}, "cuda", "fp32", 0),  # IEEE products keep their maths
+        ({}, "cpu", "bf16", 0),  # auto: CUDA only
+        ({"pad_first_layer": "on"}, "cpu", "bf16", 8),
+        ({"pad_first_layer": "on"}, "cpu", "tf32", 0),  # a CPU step in tf32 is IEEE fp32
+        ({"pad_first_layer": "off"}, "cuda", "bf16", 0),
+    ],
+)
+def test_the_plan_pads_for_tensor_core_products_as_configured(
+    variants: dict[str, str], device: str, precision: Precision, row_align: int
+) -> None:
+    options = forward_options(StepVariants(**variants), torch.device(device), precision)  # type: ignore[arg-type]
+    assert options.row_align == row_align
+
+
+def test_the_plan_sums_thin_outputs_and_takes_the_kernel_where_triton_runs() -> None:
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    assert forward_options(StepVariants(), cpu, "fp32").sum_outputs == 4
+    assert forward_options(StepVariants(output_sum="off"), cpu, "fp32").sum_outputs == 0
+    assert not forward_options(StepVariants(), cpu, "fp32").candidate_kernel
+    triton = candidate_layer.triton is not None
+    assert forward_options(StepVariants(), cuda, "fp32").candidate_kernel == triton
+    assert not forward_options(StepVariants(candidate_kernel="off"), cuda, "fp32").candidate_kernel
+
+
+def test_a_bad_step_variant_is_a_config_error_naming_the_key() -> None:
+    data = minimal_dqn()
+    data["training"] = {"step_variants": {"output_sum": "on"}}
+    with pytest.raises(ConfigError) as info:
+        config_from_dict(data, DQNWorkflowConfig, source="c.json")
+    assert str(info.value) == (
+        "c.json: training.step_variants.output_sum: input should be 'auto' or 'off' (got \"on\")"
+    )
+    assert info.value.exit_code == 2
+
+
+def test_the_traced_view_swaps_the_trainers_networks_for_variants_and_keeps_its_own() -> None:
+    """What the compiled loss traces `compute_loss` on: a copy of the trainer whose online,
+    target and BCQ networks are variants over the same parameters (BCQ's is the online
+    one's); the trainer itself keeps its plain networks."""
+
+    def mlp() -> nn.Module:
+        return build_q_network(
+            in_dim=5, n_actions=3, layers=[-1, 8, -1], activations=["relu", "linear"]
+        )
+
+    trainer = DQNTrainer(BCQQNetwork(mlp(), mlp(), 0.3), DQNHyperParams(), n_actions=3)
+    online, target = trainer.online, trainer.target
+    view = traced_view(trainer, ForwardOptions(sum_outputs=4), {})
+    assert trainer.online is online and trainer.target is target and trainer.bcq is online
+    assert view.online is not online and view.target is not target
+    assert view.bcq is view.online and view.q_net is view.online
+    assert isinstance(view.online.q, TracedMLP)  # type: ignore[union-attr]
+    assert {id(p) for p in view.online.parameters()} == {id(p) for p in online.parameters()}
+    batch = random_discrete_batch(16, 5, 3)
+    torch.testing.assert_close(view.compute_loss(batch).total, trainer.compute_loss(batch).total)

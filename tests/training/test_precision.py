@@ -110,3 +110,22 @@ def test_cuda_graph_with_compiled_loss_and_precisions(tmp_path: Path, kind: str)
         assert "CPE models' optimizer step compiled" in text, text
         worst = max(float((x - y).abs().max()) for x, y in zip(base, got, strict=True))
         assert worst < tol, (name, worst)
+
+
+def test_the_step_line_names_the_forms_that_training_step_variants_leave_on(
+    tmp_path: Path,
+) -> None:
+    """From the config to the `training step:` line: by default a compiled CPU step traces
+    the output layers (dqn's 2 actions, the CPE models') as a product and a sum and pads
+    nothing; `step_variants` can turn the sum off and the padding on (bf16)."""
+    auto = _workflow(tmp_path, "dqn", "auto", compile=True)
+    assert "loss compiled by Inductor (output layer as a product and a sum)" in (
+        auto.step_runner().describe()
+    )
+    variants = {"output_sum": "off", "pad_first_layer": "on"}
+    bf16 = _workflow(
+        tmp_path, "dqn", "switched", compile=True, precision="bf16", step_variants=variants
+    )
+    text = bf16.step_runner().describe()
+    assert "loss compiled by Inductor (first layer padded to 16 bytes)" in text, text
+    assert "CPE models' loss compiled (first layer padded to 16 bytes)" in text, text

@@ -10,6 +10,7 @@ import time
 import torch
 from torch import Tensor
 
+from reagent_lite.config.models import StepVariants
 from reagent_lite.data.sampler import EpochSampler
 from reagent_lite.data.tensordict import TensorDict
 from reagent_lite.distributed.context import DistContext
@@ -134,6 +135,9 @@ def test_runner_steps_eagerly_on_the_cpu_and_says_where_rows_are() -> None:
         minibatch_size=BATCH,
         cuda_graphs=True,  # no CUDA: eager
         resident=False,  # on the CPU the shard is where the step runs
+        precision="fp32",
+        compiled=False,
+        step_variants=StepVariants(),
     )
     assert isinstance(runner.source, ResidentRows) and isinstance(runner.update, Update)
     assert runner.describe() == "training step: eager, fp32; data resident on cpu"

@@ -38,6 +38,7 @@ def test_averaging_step_scales_both_models_gradients_by_the_world_size(
         wf.trainer,
         wf.cpe,
         torch.zeros(()),
+        precision="fp32",
         apply=grab("q", q_params),
         cpe_apply=grab("cpe", cpe_params),
     )
