@@ -196,3 +196,31 @@ def output_errors(output_dir: Path, last_good: Callable[[], Path | None]) -> Ite
             f"{last_good() or 'none yet'} (earlier model files are untouched; model_meta.json "
             "marks a complete model). Free space or fix the filesystem, then --resume"
         ) from err
+
+
+def check_path_length(key: str, value: str) -> None:
+    """`ConfigError` naming `key` when `value` cannot name a file here: one of its names is
+    longer than the filesystem allows (NAME_MAX, 255 bytes on most) or the whole path
+    longer than PATH_MAX. Checked once on the config, so that it is not an `OSError: File
+    name too long` wherever the path is first touched."""
+    path = Path(value)
+    probe = path
+    while not os.path.exists(probe) and probe != probe.parent:  # the nearest real dir
+        probe = probe.parent
+    try:
+        name_max = os.pathconf(probe, "PC_NAME_MAX")
+        path_max = os.pathconf(probe, "PC_PATH_MAX")
+    except (OSError, ValueError):
+        name_max, path_max = 255, 4096
+    shown = value if len(value) <= 80 else f"{value[:60]}...{value[-16:]} ({len(value)} chars)"
+    for part in path.parts:
+        if len(os.fsencode(part)) > name_max:
+            raise ConfigError(
+                f"{key}: '{shown}' holds a name of {len(os.fsencode(part))} bytes "
+                f"('{part[:24]}...'); expected names of at most {name_max} bytes each"
+            )
+    if len(os.fsencode(value)) >= path_max:
+        raise ConfigError(
+            f"{key}: '{shown}' is {len(os.fsencode(value))} bytes long; expected a path "
+            f"shorter than {path_max} bytes"
+        )
