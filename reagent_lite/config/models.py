@@ -687,8 +687,6 @@ class BaseWorkflowConfig(_Model):
             start = fix("training.warm_start_model_path", self.training.warm_start_model_path)
             update["training"] = self.training.model_copy(update={"warm_start_model_path": start})
         fix("stream_prepared_dir", self.stream_prepared_dir)
-        if self.sample_data is not None:
-            fix("sample_data.output_dir", self.sample_data.output_dir)
         return self.model_copy(update=update)
 
     def _path_fields(self) -> list[str]:
