@@ -29,6 +29,7 @@ import shutil
 import signal
 import sys
 import tempfile
+import threading
 import time
 import traceback
 from collections.abc import Callable, Iterator, Sequence
@@ -315,6 +316,10 @@ def _forward_signals(procs: list[Any]) -> Iterator[list[tuple[int, float]]]:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(p.pid, signum)
 
+    if threading.current_thread() is not threading.main_thread():  # signal.signal refuses
+        log.debug("launched from a non-main thread: SIGTERM/SIGINT are not forwarded")
+        yield received
+        return
     previous = {sig: signal.signal(sig, forward) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
         yield received
