@@ -18,7 +18,7 @@ import pytest
 
 from reagent_lite import export
 from reagent_lite.errors import ConfigError, TrainingError
-from reagent_lite.io_utils import OWNED_ENV, atomic_write_json
+from reagent_lite.io_utils import OWNED_ENV, OwnershipLost, atomic_write_json
 from reagent_lite.training import checkpoint as ckpt
 from reagent_lite.training.ownership import OutputLock, current_run_id
 from tests.conftest import REPO_ROOT, run_module
@@ -316,3 +316,21 @@ def test_a_lock_release_failing_on_a_read_only_filesystem_never_masks_the_error(
     assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr[-2000:]
     assert "raised: cannot write (EROFS); stopping" in done.stdout
     assert "could not remove the lock" in done.stderr and "Read-only file system" in done.stderr
+
+
+def test_a_run_taken_over_before_its_export_leaves_the_other_runs_model_alone(
+    tmp_path: Path,
+) -> None:
+    wf = _run(_config(tmp_path, epochs=1), save=True)
+    out = tmp_path / "out"
+    before = {k: v for k, v in _digests(out).items() if not k.startswith(".")}
+    assert "model_meta.json" in before
+    take_over = "import sys; from pathlib import Path; from reagent_lite.training.ownership "
+    take_over += "import OutputLock; OutputLock(Path(sys.argv[1]), stale_after_s=0).acquire()"
+    with OutputLock(out):
+        # Another run takes the directory over (as after this one was paused) and keeps it.
+        subprocess.run([sys.executable, "-c", take_over, str(out)], cwd=REPO_ROOT, env=_env(),
+                       check=True, timeout=120)  # fmt: skip
+        with pytest.raises(OwnershipLost, match="no longer owns"):
+            export.write_outputs(wf.result())
+    assert {k: v for k, v in _digests(out).items() if not k.startswith(".")} == before
