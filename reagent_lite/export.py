@@ -26,6 +26,7 @@ from reagent_lite.evaluation.cpe_models import EvaluatedPolicy
 from reagent_lite.io_utils import (
     atomic_write_bytes,
     atomic_write_json,
+    check_owner,
     file_sha256,
     fsync_path,
     serialized,
@@ -87,6 +88,7 @@ def write_outputs(run: RunResult) -> tuple[Path, dict[str, Any] | None]:
     # complete set (predict requires it and checks model.pt2's digest against it), so the
     # previous run's goes first and this run's comes last.
     meta_path = out / "model_meta.json"
+    check_owner(meta_path)  # never remove another run's meta: this run may have lost `out`
     meta_path.unlink(missing_ok=True)
     fsync_path(out)
     resolved = run.cfg.model_dump(mode="json")

@@ -1,4 +1,5 @@
-"""Small filesystem helpers: durable atomic writes and an early writability check."""
+"""Small filesystem helpers: durable atomic writes, an early writability check, and the
+check that this run still owns the output directory it writes into."""
 
 from __future__ import annotations
 
@@ -14,6 +15,55 @@ from pathlib import Path
 from typing import Any
 
 from reagent_lite.errors import ConfigError, TrainingError
+
+# The lock file of an output directory (`training/ownership.py`), and the environment
+# variable through which the lock's holder tells its worker processes which directories
+# it holds under which token: {absolute directory: token}.
+LOCK_FILE = ".lock"
+OWNED_ENV = "REAGENT_LITE_OWNED_DIRS"
+
+
+class OwnershipLost(TrainingError):
+    """Another run took the output directory over (this one was paused or unreachable for
+    longer than the lock's staleness limit): this run stops and writes nothing more."""
+
+
+def owned_dirs() -> dict[str, str]:
+    """The output directories this process's run holds the lock of, with its tokens."""
+    try:
+        found = json.loads(os.environ.get(OWNED_ENV) or "{}")
+    except ValueError:
+        return {}
+    return found if isinstance(found, dict) else {}
+
+
+def lock_holder(lock: Path) -> dict[str, Any] | None:
+    """The lock file's record (host, pid, token...); None when there is none."""
+    try:
+        found = json.loads(lock.read_bytes())
+    except (FileNotFoundError, ValueError):
+        return None
+    return found if isinstance(found, dict) else None
+
+
+def check_owner(path: Path) -> None:
+    """`OwnershipLost` when `path` lies in an output directory this run locked and the
+    lock there is no longer this run's. Every write that matters under the output
+    directory (checkpoints, model files, run.json, metrics) calls it first: `atomic_write`
+    just before its rename, so a run that lost the directory leaves no trace of the write."""
+    for directory, token in owned_dirs().items():
+        if not Path(path).absolute().is_relative_to(directory):
+            continue
+        holder = lock_holder(Path(directory) / LOCK_FILE) or {}
+        if holder.get("token") != token:
+            who = f"host {holder.get('host', '?')} pid {holder.get('pid', '?')}"
+            raise OwnershipLost(
+                f"model_output_path: this run no longer owns '{directory}': its lock now "
+                f"belongs to another run ({who}) — this process was paused or unreachable "
+                "for longer than the lock's staleness limit and was taken over. Stopping "
+                f"without writing '{path}' or anything else there; give each run its own "
+                "model_output_path"
+            )
 
 
 def atomic_write(path: Path, write: Callable[[Path], None]) -> None:
@@ -40,6 +90,7 @@ def atomic_write(path: Path, write: Callable[[Path], None]) -> None:
         os.chmod(tmp, default_file_mode())
         try:
             fsync_path(tmp)
+            check_owner(path)  # as late as can be: a paused run that lost it writes nothing
             os.replace(tmp, path)
             fsync_path(path.parent)
         except OSError as err:
@@ -145,3 +196,31 @@ def output_errors(output_dir: Path, last_good: Callable[[], Path | None]) -> Ite
             f"{last_good() or 'none yet'} (earlier model files are untouched; model_meta.json "
             "marks a complete model). Free space or fix the filesystem, then --resume"
         ) from err
+
+
+def check_path_length(key: str, value: str) -> None:
+    """`ConfigError` naming `key` when `value` cannot name a file here: one of its names is
+    longer than the filesystem allows (NAME_MAX, 255 bytes on most) or the whole path
+    longer than PATH_MAX. Checked once on the config, so that it is not an `OSError: File
+    name too long` wherever the path is first touched."""
+    path = Path(value)
+    probe = path
+    while not os.path.exists(probe) and probe != probe.parent:  # the nearest real dir
+        probe = probe.parent
+    try:
+        name_max = os.pathconf(probe, "PC_NAME_MAX")
+        path_max = os.pathconf(probe, "PC_PATH_MAX")
+    except (OSError, ValueError):
+        name_max, path_max = 255, 4096
+    shown = value if len(value) <= 80 else f"{value[:60]}...{value[-16:]} ({len(value)} chars)"
+    for part in path.parts:
+        if len(os.fsencode(part)) > name_max:
+            raise ConfigError(
+                f"{key}: '{shown}' holds a name of {len(os.fsencode(part))} bytes "
+                f"('{part[:24]}...'); expected names of at most {name_max} bytes each"
+            )
+    if len(os.fsencode(value)) >= path_max:
+        raise ConfigError(
+            f"{key}: '{shown}' is {len(os.fsencode(value))} bytes long; expected a path "
+            f"shorter than {path_max} bytes"
+        )

@@ -25,6 +25,8 @@ from pydantic import (
 )
 from typing_extensions import Self
 
+from reagent_lite.io_utils import check_path_length
+
 ACTIVATIONS = frozenset(
     {"relu", "tanh", "sigmoid", "leaky_relu", "elu", "gelu", "selu", "linear", "identity"}
 )
@@ -707,14 +709,18 @@ class BaseWorkflowConfig(_Model):
         """A copy whose relative paths are made absolute against `base` (default: cwd)."""
         root = (base or Path.cwd()).resolve()
 
-        def fix(p: str | None) -> str | None:
-            return None if p is None else str((root / Path(p).expanduser()).resolve())
+        def fix(key: str, p: str | None) -> str | None:
+            if p is None:
+                return None
+            check_path_length(key, str(root / Path(p).expanduser()))  # before it is touched
+            return str((root / Path(p).expanduser()).resolve())
 
-        update: dict[str, Any] = {name: fix(getattr(self, name)) for name in self._path_fields()}
+        names = self._path_fields()
+        update: dict[str, Any] = {name: fix(name, getattr(self, name)) for name in names}
         if self.training.warm_start_model_path is not None:
-            update["training"] = self.training.model_copy(
-                update={"warm_start_model_path": fix(self.training.warm_start_model_path)}
-            )
+            start = fix("training.warm_start_model_path", self.training.warm_start_model_path)
+            update["training"] = self.training.model_copy(update={"warm_start_model_path": start})
+        fix("stream_prepared_dir", self.stream_prepared_dir)
         return self.model_copy(update=update)
 
     def _path_fields(self) -> list[str]:

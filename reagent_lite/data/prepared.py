@@ -33,8 +33,11 @@ remove the root (or one directory in it) to reclaim the space.
 
 Writing is atomic: a unit is written to a hidden temporary file in the same directory,
 flushed to disk and renamed over its final name, so a prepare killed midway leaves at most
-a stray `.*.tmp` file, never a file that reads as valid; a reader also checks the header's
-magic, key and byte count. Ranks, nodes or jobs preparing the same unit at once each
+a stray `.*.tmp` file, never a file that reads as valid. Nothing read back is trusted
+(`data/prepared_format.py`): the header must be whole, of this key, match its checksum and
+declare only plain numeric/bool columns inside the file, and every column's bytes are
+hashed as they are read against the SHA-256 written with them; a file that fails is
+refused with a warning naming it and its unit prepared again. Ranks, nodes or jobs preparing the same unit at once each
 write their own temporary file and the last rename wins; their contents are identical.
 """
 
@@ -58,14 +61,14 @@ import torch
 from torch import Tensor
 
 import reagent_lite
+from reagent_lite.data.prepared_format import FORMAT, Tampered, read_header, read_into
+from reagent_lite.data.prepared_format import read_arrays as read_arrays  # for callers
+from reagent_lite.data.prepared_format import write_arrays as write_arrays
 from reagent_lite.data.readers import ShardPiece, parquet_file
 from reagent_lite.data.windows import in_order, load_threads
 
 log = logging.getLogger("reagent_lite")
 
-FORMAT = 1
-MAGIC = b"RLPREP\x00\x01"
-ALIGN = 64  # each array starts at a multiple of this (cache lines; any dtype's alignment)
 ENV_DIR = "REAGENT_LITE_PREPARED_DIR"
 # The packages whose code decides what a unit's arrays hold.
 _CODE_PACKAGES = ("data", "normalization", "kinds")
@@ -171,98 +174,6 @@ def _unit_name(unit: ShardPiece) -> str:
     return "file"
 
 
-# ------------------------------------------------------------------------ the file format
-
-
-def write_arrays(path: Path, key: str, arrays: Mapping[str, np.ndarray]) -> None:
-    """`arrays` (equal leading length) into `path`, atomically: magic, header length
-    (uint64 LE), JSON header (space-padded so that the arrays start `ALIGN`ed), then each
-    array C-ordered little-endian at an `ALIGN`ed offset from there."""
-    columns: list[dict[str, Any]] = []
-    little: list[np.ndarray] = []
-    offset = 0
-    for name, a in arrays.items():
-        offset = _aligned(offset)
-        dtype = a.dtype.newbyteorder("<") if a.dtype.byteorder == ">" else a.dtype
-        little.append(np.ascontiguousarray(a, dtype=dtype))
-        columns.append({"name": name, "dtype": dtype.str, "shape": list(a.shape), "at": offset})
-        offset += a.nbytes
-    header: dict[str, Any] = {"format": FORMAT, "key": key, "columns": columns}
-    header["bytes"] = 0
-    start = _aligned(_LEAD + len(json.dumps(header).encode()) + 24)  # room for the byte count
-    header["bytes"] = start + offset
-    head = json.dumps(header).encode().ljust(start - _LEAD)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")
-    try:
-        with tmp.open("wb") as f:
-            f.write(MAGIC + len(head).to_bytes(8, "little") + head)
-            for col, a in zip(columns, little, strict=True):
-                f.seek(start + col["at"])
-                f.write(a.data)
-            f.truncate(header["bytes"])
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
-
-
-def read_header(path: Path, key: str) -> tuple[list[dict[str, Any]], int] | None:
-    """The columns of the file `write_arrays` wrote into `path` under `key` (name, dtype,
-    shape, offset) and where its arrays start; None when the file is missing, of another
-    key or format, or not whole."""
-    try:
-        with path.open("rb") as f:
-            lead = f.read(_LEAD)
-            if len(lead) < _LEAD or lead[: len(MAGIC)] != MAGIC:
-                return None
-            length = int.from_bytes(lead[len(MAGIC) :], "little")
-            head = json.loads(f.read(length))
-            size = os.fstat(f.fileno()).st_size
-    except (OSError, ValueError):
-        return None
-    if head.get("format") != FORMAT or head.get("key") != key or head.get("bytes") != size:
-        return None
-    return head["columns"], _LEAD + length
-
-
-def read_arrays(path: Path, key: str) -> dict[str, np.ndarray] | None:
-    """The arrays of `path` (see `read_header`), memory-mapped read-only; None as there."""
-    found = read_header(path, key)
-    if found is None:
-        return None
-    columns, start = found
-    whole = np.memmap(path, dtype=np.uint8, mode="r")
-    out = {}
-    for col in columns:
-        dtype, shape = np.dtype(col["dtype"]), tuple(col["shape"])
-        at = start + col["at"]
-        flat = whole[at : at + dtype.itemsize * int(np.prod(shape))]
-        out[col["name"]] = flat.view(dtype).reshape(shape)
-    return out
-
-
-def read_into(
-    path: Path, columns: list[dict[str, Any]], start: int, out: Mapping[str, np.ndarray]
-) -> None:
-    """The arrays of `path` (`read_header`'s `columns` and `start`) copied into `out`
-    (C-contiguous, of their dtypes and shapes): one read per column straight from the
-    page cache, no mapping to fault in."""
-    with path.open("rb", buffering=0) as f:
-        for col in columns:
-            dest = out[col["name"]].data.cast("B")
-            f.seek(start + col["at"])
-            if f.readinto(dest) != dest.nbytes:
-                raise OSError(f"{path}: a prepared unit was cut short while being read")
-
-
-_LEAD = len(MAGIC) + 8
-
-
-def _aligned(n: int) -> int:
-    return -(-n // ALIGN) * ALIGN
-
-
 # ------------------------------------------------------------------------ the cache
 
 
@@ -334,28 +245,42 @@ class PreparedUnits:
         return self.directory / f"{unit.file.name}.{_unit_name(unit)}.{key[:24]}.prep", key
 
     def _open(self, unit: ShardPiece) -> _Part:
-        """`unit`'s prepared file (prepared first when missing or stale)."""
+        """`unit`'s prepared file (prepared first when missing, stale or refused)."""
         if not self.writable:
             return _Part(arrays={k: v.numpy() for k, v in self.prepare(unit).items()})
         path, key = self.path(unit)
         found = read_header(path, key)
         if found is None:
-            arrays = {k: v.numpy() for k, v in self.prepare(unit).items()}
-            try:
-                write_arrays(path, key, arrays)
-            except OSError as e:  # a full disk: train on, uncached
-                log.warning("stream_prepare: cannot write %s (%s)", path, e)
+            arrays = self._rebuild(unit, path, key)
+            found = read_header(path, key)
+            if found is None:  # not written (a full disk): train on, uncached
                 return _Part(arrays=arrays)
             del arrays
-            found = read_header(path, key)
-            if found is None:
-                raise OSError(f"{path}: a prepared unit did not read back")
-            with self._lock:
-                self.prepared += 1
         else:
             with self._lock:
                 self.reused += 1
         return _Part(path=path, columns=found[0], start=found[1])
+
+    def _rebuild(self, unit: ShardPiece, path: Path, key: str) -> dict[str, np.ndarray]:
+        """`unit` prepared and written to `path` (a warning when it cannot be): its arrays."""
+        arrays = {k: v.numpy() for k, v in self.prepare(unit).items()}
+        try:
+            write_arrays(path, key, arrays)
+        except OSError as e:  # a full disk: train on, uncached
+            log.warning("stream_prepare: cannot write %s (%s)", path, e)
+        with self._lock:
+            self.prepared += 1
+        return arrays
+
+    def _fill(self, unit: ShardPiece, part: _Part, out: dict[str, np.ndarray]) -> None:
+        """`part`'s arrays into `out`; a file whose bytes fail their checksums (changed
+        after its header was read) is prepared again and its fresh arrays used."""
+        try:
+            part.fill(out)
+        except Tampered as e:
+            log.warning("stream_prepare: %s; preparing it again", e)
+            path, key = self.path(unit)
+            _Part(arrays=self._rebuild(unit, path, key)).fill(out)
 
     def load(self, units: Sequence[ShardPiece]) -> dict[str, Tensor]:
         """The window of `units`: their columns end to end (host tensors)."""
@@ -368,7 +293,7 @@ class PreparedUnits:
 
         def fill(i: int) -> None:
             lo, hi = offsets[i], offsets[i + 1]
-            parts[i].fill({k: v[lo:hi] for k, v in window.items()})
+            self._fill(units[i], parts[i], {k: v[lo:hi] for k, v in window.items()})
 
         in_order(fill, len(parts), self.threads)
         return {k: torch.from_numpy(v) for k, v in window.items()}

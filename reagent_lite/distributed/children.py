@@ -10,12 +10,14 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import importlib
+import logging
 import os
 import pickle
 import shutil
 import signal
 import sys
 import tempfile
+import threading
 import time
 import traceback
 from collections.abc import Iterator
@@ -28,6 +30,8 @@ import torch.multiprocessing as mp
 from reagent_lite.distributed.plan import LaunchPlan
 from reagent_lite.distributed.worker import WorkerError, WorkerFn, run_worker
 from reagent_lite.errors import DistributedError, ReagentLiteError
+
+log = logging.getLogger("reagent_lite")
 
 # How long siblings of a failed worker get to exit on SIGTERM before SIGKILL.
 _TERMINATE_GRACE_S = 5.0
@@ -113,6 +117,10 @@ def _forward_signals(procs: list[Any]) -> Iterator[list[tuple[int, float]]]:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(p.pid, signum)
 
+    if threading.current_thread() is not threading.main_thread():  # signal.signal refuses
+        log.debug("launched from a non-main thread: SIGTERM/SIGINT are not forwarded")
+        yield received
+        return
     previous = {sig: signal.signal(sig, forward) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
         yield received

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from reagent_lite.errors import ConfigError
-from reagent_lite.io_utils import atomic_write_text
+from reagent_lite.io_utils import atomic_write_text, check_owner
 
 if TYPE_CHECKING:
     from reagent_lite.training.tracking import MlflowTracker
@@ -42,6 +42,7 @@ class MetricsWriter:
         self.path = output_dir / "metrics.jsonl"
         output_dir.mkdir(parents=True, exist_ok=True)
         if not append:
+            check_owner(self.path)
             self.path.write_text("")
         self._tb: Any = None
         if tensorboard:
@@ -56,6 +57,7 @@ class MetricsWriter:
                 ) from None
 
     def write(self, record: dict[str, Any]) -> None:
+        check_owner(self.path)  # a run taken over while paused appends nothing
         try:
             with self.path.open("a") as f:
                 f.write(json.dumps(_clean(record), sort_keys=True) + "\n")

@@ -24,7 +24,7 @@ from pydantic import BaseModel
 from torch import Tensor
 
 from reagent_lite.config import BaseWorkflowConfig
-from reagent_lite.data import prepared
+from reagent_lite.data import prepared_format
 from reagent_lite.data.prepared import (
     PreparedUnits,
     prepared_root,
@@ -65,7 +65,7 @@ def test_arrays_read_back_memory_mapped(tmp_path: Path) -> None:
         assert isinstance(got[name].base, np.memmap) or isinstance(got[name], np.memmap), name
         assert got[name].dtype == a.dtype.newbyteorder("<") and got[name].shape == a.shape
         np.testing.assert_array_equal(got[name], a)
-        assert got[name].ctypes.data % prepared.ALIGN == 0
+        assert got[name].ctypes.data % prepared_format.ALIGN == 0
     assert read_arrays(tmp_path / "u.prep", "another key") is None
     assert read_arrays(tmp_path / "missing.prep", "k1") is None
     assert [p.name for p in tmp_path.iterdir()] == ["u.prep"]  # no temporary file left
@@ -179,7 +179,7 @@ _PREPARE = """
 import os, sys, time
 from pathlib import Path
 import torch
-from reagent_lite.data import prepared
+from reagent_lite.data import prepared_format
 from reagent_lite.data.prepared import PreparedUnits
 from reagent_lite.data.windows import stream_units
 from tests.data.test_disk_stream import load_window
@@ -393,3 +393,90 @@ def test_changed_data_or_normalization_prepares_again(tmp_path: Path) -> None:
     assert renormed[0] == 5 and renormed[2] != first[2]
     dropping = counts(drop_bad_rows=True)
     assert dropping[0] == 5 and dropping[2] not in (first[2], renormed[2])
+
+
+# ------------------------------------------------------------------- untrusted files
+
+
+def _header(path: Path) -> tuple[dict[str, Any], int]:
+    """A prepared file's JSON header and where its arrays start."""
+    data = path.read_bytes()
+    lead = len(prepared_format.MAGIC) + 8
+    length = int.from_bytes(data[len(prepared_format.MAGIC) : lead], "little")
+    return json.loads(data[lead : lead + length]), lead + length
+
+
+def test_a_value_overwritten_in_a_prepared_file_is_caught_and_prepared_again(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Rewards overwritten in place (same length, header intact): a warning naming the
+    file, the unit prepared again, and the run trains to the untampered run's weights."""
+    data = write(tmp_path / "t.parquet", rows(400), 48)
+    plain = _run(_cfg(data, tmp_path / "plain", stream_prepare=False, epochs=2))
+    cache = str(tmp_path / "cache")
+    _run(_cfg(data, tmp_path / "cold", stream_prepared_dir=cache, epochs=2))
+    files = sorted((tmp_path / "cache").rglob("*.prep"))
+    assert files
+    head, start = _header(files[3])
+    reward = next(c for c in head["columns"] if c["name"] == "reward")
+    raw = bytearray(files[3].read_bytes())
+    values = np.full(reward["shape"][0], 1e6, dtype=reward["dtype"]).tobytes()
+    raw[start + reward["at"] : start + reward["at"] + len(values)] = values
+    files[3].write_bytes(bytes(raw))
+    with caplog.at_level(logging.WARNING, logger="reagent_lite"):
+        warm = _run(_cfg(data, tmp_path / "warm", stream_prepared_dir=cache, epochs=2))
+    assert str(files[3]) in caplog.text and "not what was written" in caplog.text
+    for key, value in plain.q_net.state_dict().items():
+        assert torch.equal(warm.q_net.state_dict()[key], value), key
+    assert prepared_format.read_header(files[3], head["key"]) is not None  # rewritten whole
+    assert _header(files[3])[0] == head
+
+
+# Loads the units of a table through a cache one of whose files declares an object dtype
+# (its header checksum made to match): refused and prepared again, never read as pointers.
+_OBJECT_DTYPE = """
+import json, sys
+from pathlib import Path
+import torch
+from reagent_lite.data import prepared_format
+from reagent_lite.data.prepared import PreparedUnits
+from reagent_lite.data.windows import stream_units
+from tests.data.test_disk_stream import load_window
+
+path, root = sys.argv[1], Path(sys.argv[2])
+units = stream_units(path, 0, 1)
+
+
+def make(units):
+    fields = load_window(units).fields
+    return {k: torch.from_numpy(fields[k]) for k in ("reward", "mdp_id")}
+
+
+PreparedUnits(root, {}, lambda u: make([u])).load(units)
+unit = next(root.rglob("*.rg0.*.prep"))  # the first: its header lays out the window
+raw = unit.read_bytes()
+lead = len(prepared_format.MAGIC) + 8
+length = int.from_bytes(raw[len(prepared_format.MAGIC) : lead], "little")
+head = json.loads(raw[lead : lead + length])
+col = next(c for c in head["columns"] if c["name"] == "mdp_id")
+col["dtype"] = "|O"  # int64 ids as 8-byte pointers: same bytes, same checksum
+head["check"] = prepared_format._header_sha(head["key"], head["columns"])
+unit.write_bytes(raw[:lead] + json.dumps(head).encode().ljust(length) + raw[lead + length :])
+cache = PreparedUnits(root, {}, lambda u: make([u]))
+got, parts = cache.load(units), [make([u]) for u in units]
+want = {k: torch.cat([p[k] for p in parts]) for k in parts[0]}
+assert all(torch.equal(got[k], want[k]) for k in want), "wrong values"
+print("prepared", cache.prepared, flush=True)
+"""
+
+
+def test_a_header_declaring_an_object_dtype_is_refused_without_a_crash(tmp_path: Path) -> None:
+    path = write(tmp_path / "t.parquet", rows(120), 40)
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "OMP_NUM_THREADS": "1"}
+    cmd = [sys.executable, "-c", _OBJECT_DTYPE, str(path), str(tmp_path / "cache")]
+    done = subprocess.run(
+        cmd, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=120, check=False
+    )
+    assert done.returncode == 0, done.stderr[-2000:]  # a segfault is -11
+    assert "prepared 1" in done.stdout
+    assert "has dtype '|O', not a plain number" in done.stderr

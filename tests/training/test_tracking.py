@@ -4,11 +4,16 @@ metrics and the output files as artifacts, from a real tiny run; TensorBoard by 
 from __future__ import annotations
 
 import importlib.util
+import logging
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 import reagent_lite
+from tests.conftest import REPO_ROOT
 from tests.test_api import tiny_config
 
 mlflow = pytest.importorskip("mlflow")
@@ -50,3 +55,69 @@ def test_tensorboard_is_switched_by_the_config(tmp_path: Path) -> None:
     if importlib.util.find_spec("tensorboard") is None:
         with pytest.raises(reagent_lite.ConfigError, match="tensorboard: true needs"):
             reagent_lite.train(tiny_config(tmp_path), overrides={"tensorboard": True})
+
+
+def test_a_store_that_cannot_be_written_at_setup_warns_once_and_training_goes_on(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
+    (tmp_path / "a_file").write_text("")  # a store under a regular file: fails, even as root
+    store = (tmp_path / "a_file" / "mlruns").as_uri()
+    cfg = tiny_config(tmp_path)
+    cfg["mlflow"] = {"tracking_uri": store, "experiment_name": "tiny"}
+    with caplog.at_level(logging.WARNING, logger="reagent_lite"):
+        result = reagent_lite.train(cfg, overrides={"epochs": 2, "training.steps_per_epoch": 4})
+    assert (result.model_dir / "model_meta.json").is_file() and len(result.epoch_metrics) == 2
+    warned = [r.getMessage() for r in caplog.records if r.getMessage().startswith("mlflow:")]
+    assert len(warned) == 1 and "starting a run failed on the tracking store" in warned[0]
+    assert store in warned[0] and "training goes on without tracking" in warned[0]
+
+
+# In a mount namespace of its own: the store on a tmpfs turned read-only once the first
+# metrics are in it, while the run trains on.
+_READ_ONLY_STORE = """
+import logging, subprocess, sys, threading, time
+from pathlib import Path
+import reagent_lite
+from tests.conftest import REPO_ROOT
+from tests.test_api import tiny_config
+
+logging.basicConfig(level=logging.WARNING)
+tmp = Path(sys.argv[1])
+store = tmp / "store"
+subprocess.run(["mount", "-t", "tmpfs", "none", str(store)], check=True)
+
+
+def freeze() -> None:
+    while not any(store.rglob("metrics/*")):
+        time.sleep(0.002)
+    while subprocess.run(["mount", "-o", "remount,ro", str(store)]).returncode != 0:
+        time.sleep(0.005)  # busy while a file there is open for writing
+    print("read-only", flush=True)
+
+
+threading.Thread(target=freeze, daemon=True).start()
+cfg = tiny_config(tmp)
+cfg["mlflow"] = {"tracking_uri": store.as_uri(), "experiment_name": "tiny"}
+result = reagent_lite.train(cfg, overrides={"epochs": 6, "training.steps_per_epoch": 20})
+print("epochs", len(result.epoch_metrics), (result.model_dir / "model_meta.json").is_file())
+"""
+
+
+def test_a_store_turning_read_only_mid_run_warns_once_and_training_goes_on(
+    tmp_path: Path,
+) -> None:
+    probe = subprocess.run(["unshare", "-m", "mount", "-t", "tmpfs", "none", str(tmp_path)],
+                           capture_output=True, timeout=30, check=False)  # fmt: skip
+    if probe.returncode != 0:
+        pytest.skip("needs mount namespaces (root): " + probe.stderr.decode()[-200:])
+    (tmp_path / "store").mkdir()
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "MLFLOW_ALLOW_FILE_STORE": "true"}
+    cmd = ["unshare", "-m", "--propagation", "private", sys.executable, "-c", _READ_ONLY_STORE]
+    done = subprocess.run([*cmd, str(tmp_path)], cwd=REPO_ROOT, env=env,
+                          capture_output=True, text=True, timeout=300, check=False)  # fmt: skip
+    assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr[-3000:]
+    assert done.stdout.split("\n")[:2] == ["read-only", "epochs 6 True"], done.stdout
+    warned = [x for x in done.stderr.splitlines() if "mlflow:" in x]
+    assert len(warned) == 1 and "failed on the tracking store" in warned[0], warned
+    assert "Read-only file system" in warned[0]
