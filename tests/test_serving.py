@@ -1,0 +1,187 @@
+"""The served model end to end: one exported program for every candidate count and batch
+size (model.pt2, `load_model(...).score`, the `predict` command).
+
+One tiny real parametric run and one real dqn run per module: the files these tests read
+are the files a run exports."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import torch
+
+import reagent_lite
+from tests.conftest import run_module
+from tests.test_api import tiny_config
+
+FMAP = pa.map_(pa.string(), pa.float64())
+CANDS = pa.list_(FMAP)
+
+
+def _train(cfg: dict[str, Any]) -> Path:
+    result = reagent_lite.train(cfg)
+    return result.model_dir
+
+
+@pytest.fixture(scope="module")
+def parametric_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    tmp = tmp_path_factory.mktemp("parametric")
+    return _train(
+        {
+            "workflow": "parametric_dqn",
+            "training_data_path": str(tmp / "data/train.parquet"),
+            "model_output_path": str(tmp / "model"),
+            "use_gpu": False,
+            "epochs": 1,
+            "sample_data": {"kind": "synthetic_parametric", "episodes": 40, "seed": 0},
+            "training": {"layers": [-1, 8, -1], "activations": ["relu", "linear"],
+                         "minibatch_size": 32, "steps_per_epoch": 3},
+            "evaluation": {"calc_cpe_in_training": False},
+        }
+    )  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def dqn_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    tmp = tmp_path_factory.mktemp("dqn")
+    cfg = tiny_config(tmp)
+    cfg.update(epochs=1, eval_data_path=None)
+    cfg["training"] = {**cfg["training"], "steps_per_epoch": 3}
+    cfg["evaluation"] = {"calc_cpe_in_training": False, "online_episodes": 0}
+    return _train(cfg)
+
+
+def _meta(model_dir: Path) -> dict[str, Any]:
+    meta: dict[str, Any] = json.loads((model_dir / "model_meta.json").read_text())
+    return meta
+
+
+def _candidate_table(model_dir: Path, counts: list[int], seed: int = 0) -> pa.Table:
+    """Rows in the training table's layout whose candidate lists have `counts` entries."""
+    meta = _meta(model_dir)
+    rng = np.random.default_rng(seed)
+    state = [{f: float(rng.normal()) for f in meta["state_feature_ids"]} for _ in counts]
+    cands = [
+        [{f: float(rng.normal()) for f in meta["action_feature_ids"]} for _ in range(k)]
+        for k in counts
+    ]
+    return pa.table(
+        {"state_features": pa.array(state, FMAP), "possible_actions": pa.array(cands, CANDS)}
+    )
+
+
+# ---------------------------------------------------------------- one program, any K
+
+
+@pytest.mark.parametrize("batch", [1, 4])
+@pytest.mark.parametrize("k", [1, 2, 300])
+def test_model_pt2_scores_any_candidate_count(parametric_dir: Path, batch: int, k: int) -> None:
+    """One exported program serves every candidate count from 1 and every batch size from
+    1; a set's scores are those of its candidates scored one at a time (K = 1)."""
+    program = torch.export.load(str(parametric_dir / "model.pt2")).module()
+    meta = _meta(parametric_dir)
+    f, g = len(meta["state_feature_ids"]), len(meta["action_feature_ids"])
+    gen = torch.Generator().manual_seed(k)
+    state, actions = torch.randn(batch, f, generator=gen), torch.randn(batch, k, g, generator=gen)
+    ones = torch.ones(batch, k, g)
+    q = program(state, torch.ones(batch, f), actions, ones, torch.ones(batch, k))
+    assert q.shape == (batch, k) and torch.isfinite(q).all()
+    for j in (0, k - 1):
+        one = program(state, torch.ones(batch, f), actions[:, j : j + 1], ones[:, :1],
+                      torch.ones(batch, 1))  # fmt: skip
+        torch.testing.assert_close(one[:, 0], q[:, j], rtol=1e-5, atol=1e-5)
+
+
+def test_load_model_scores_rows_of_one_candidate(parametric_dir: Path) -> None:
+    model = reagent_lite.load_model(parametric_dir)
+    for counts in ([1], [1, 1, 1], [1, 2, 300], [2, 2]):
+        scored = model.score(_candidate_table(parametric_dir, counts))
+        assert [len(s) for s in scored.column("candidate_scores").to_pylist()] == counts
+        assert [r[0] for r in scored.column("ranked_candidates").to_pylist()] == \
+            scored.column("best_candidate").to_pylist()  # fmt: skip
+    # Batches of one row, each its own K, score as the whole table does.
+    table = _candidate_table(parametric_dir, [1, 3, 1, 2])
+    whole = model.score(table).column("candidate_scores").to_pylist()
+    rows = model.score(table, batch_size=1).column("candidate_scores").to_pylist()
+    np.testing.assert_allclose(np.concatenate(rows), np.concatenate(whole), rtol=1e-6)
+
+
+@pytest.mark.parametrize("counts", [[1], [1, 1, 1, 1, 1]])
+def test_predict_cli_scores_rows_of_one_candidate(
+    parametric_dir: Path, tmp_path: Path, counts: list[int]
+) -> None:
+    data = tmp_path / "one.parquet"
+    pq.write_table(_candidate_table(parametric_dir, counts), data)
+    out = tmp_path / "scores.jsonl"
+    result = run_module("reagent_lite.predict", "--model", str(parametric_dir), "--data",
+                        str(data), "--output", str(out), timeout=120)  # fmt: skip
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "Traceback" not in result.stderr
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [r["best_candidate"] for r in rows] == [0] * len(counts)
+    assert all(len(r["candidate_scores"]) == 1 for r in rows)
+
+
+def test_dqn_model_of_one_action_and_rows_of_one_possible_action(
+    dqn_dir: Path, tmp_path: Path
+) -> None:
+    """The dqn kind at its own "one": a program exported for a single action, batch 1 and
+    more, through torch.export.save / load; rows whose `possible_actions` hold one action."""
+    from reagent_lite.config import DQNWorkflowConfig
+    from reagent_lite.export import export_program
+    from reagent_lite.kinds import FeatureSpace, get_kind
+    from reagent_lite.normalization.identify import fit_normalization
+    from reagent_lite.normalization.module import Preprocessor
+
+    kind, ids = get_kind("dqn"), ["0", "1", "2"]
+    space = FeatureSpace(state_ids=ids, actions=["only"])
+    pre = Preprocessor(ids, fit_normalization(np.random.default_rng(0).normal(size=(50, 3)), ids))
+    cfg = DQNWorkflowConfig(training_data_path="t", model_output_path="o", actions=["only"])
+    net = kind.build_q_network(cfg, {"state": 3}, space)
+    with torch.no_grad():
+        program = export_program(kind.serving_module({"state": pre}, net), kind, space)
+    torch.export.save(program, tmp_path / "one.pt2")
+    loaded = torch.export.load(str(tmp_path / "one.pt2")).module()
+    for batch in (1, 3):
+        assert loaded(torch.zeros(batch, 3), torch.ones(batch, 3)).shape == (batch, 1)
+
+    model = reagent_lite.load_model(dqn_dir)
+    state = pa.array([{fid: 0.5 for fid in model.state_feature_ids}] * 3, FMAP)
+    for batch_size in (1, 3):
+        table = pa.table(
+            {"state_features": state, "possible_actions": pa.array([["1"], ["0"], []])}
+        )
+        scored = model.score(table, batch_size=batch_size)
+        assert scored.column("best_action").to_pylist() == ["1", "0", None]
+
+
+def test_preprocessor_normalizes_candidate_sets_as_rows() -> None:
+    """The served parametric model normalizes candidates as [B, K, G], never merging B and
+    K: every feature type gives the bits of the same candidates normalized as rows, and the
+    module exports with both dimensions dynamic, K = 1 included."""
+    from reagent_lite.normalization.module import Preprocessor
+    from tests.normalization.test_module import _fitted
+
+    ids, params, x = _fitted()  # binary, enum, Box-Cox, quantile ... with absent values
+    pre = Preprocessor(ids, params).eval()
+    values = torch.from_numpy(x[:24]).float().reshape(4, 6, len(ids))
+    presence = (~torch.isnan(values)).float()
+    sets = pre(values, presence)
+    rows = pre(values.reshape(24, -1), presence.reshape(24, -1))
+    assert sets.shape == (4, 6, pre.out_dim)
+    assert torch.equal(sets.reshape(24, -1), rows)
+    assert Preprocessor([], {})(torch.zeros(2, 3, 0), torch.zeros(2, 3, 0)).shape == (2, 3, 0)
+    b, k = torch.export.Dim("b", min=1), torch.export.Dim("k", min=1)
+    dims = {0: b, 1: k}
+    program = torch.export.export(
+        pre, (values, presence), dynamic_shapes={"values": dims, "presence": dims}
+    ).module()
+    for shape in ((1, 1), (3, 1), (1, 5)):
+        v, p = values[: shape[0], : shape[1]], presence[: shape[0], : shape[1]]
+        assert torch.equal(program(v, p), pre(v, p))
