@@ -12,6 +12,7 @@ best first) and `best_candidate`.
 from __future__ import annotations
 
 import json
+import re
 import sys
 from pathlib import Path
 from typing import Any
@@ -29,7 +30,7 @@ from reagent_lite.data.scoring import values_and_presence
 from reagent_lite.data.validate import ShardValidation
 from reagent_lite.errors import ConfigError, DataError, ReagentLiteError
 from reagent_lite.io_utils import file_sha256
-from reagent_lite.kinds import FeatureSpace, get_kind
+from reagent_lite.kinds import FeatureSpace, Kind, get_kind
 from reagent_lite.safe_load import load_program
 from reagent_lite.table_io import output_format, write_table
 
@@ -88,8 +89,10 @@ class Predictor:
             raise ConfigError(
                 f"--model: '{meta_path}' is not a complete model_meta.json ({_short(err)})"
             ) from err
-        check_pair(model_path, self.meta)
-        self.program = load_program(model_path, "--model").module()
+        check_pair(model_path, self.meta)  # before torch reads a byte of model.pt2
+        program = load_program(model_path, "--model")
+        check_signature(program, self.kind, self.space, model_path)
+        self.program = program.module()
 
     @torch.no_grad()
     def score(self, table: pa.Table, batch_size: int = 65_536, source: str = "data") -> pa.Table:
@@ -115,17 +118,76 @@ def read_meta(path: Path) -> dict[str, Any]:
     return meta
 
 
+_SHA256 = re.compile(r"[0-9a-f]{64}")
+
+
 def check_pair(model_path: Path, meta: dict[str, Any]) -> None:
-    """`ConfigError` when model.pt2 is not the file model_meta.json was written for (a run
-    stopped between the two, or a model copied over another run's)."""
+    """`ConfigError` unless model.pt2 is the file model_meta.json was written for: the meta
+    must name its digest (without one, a model.pt2 copied over another run's would be
+    scored with the other run's feature order and action names), and the digest must
+    match (a run stopped between the two files, or files from different runs)."""
+    meta_path = model_path.parent / "model_meta.json"
     want = meta.get("model_sha256")
-    if want is None:
-        return  # written before the digest was recorded
+    if not isinstance(want, str) or not _SHA256.fullmatch(want):
+        raise ConfigError(
+            f"--model: '{meta_path}' names no model_sha256 (got {str(want)[:80]!r}; expected"
+            " the 64 hex digits of model.pt2's SHA-256, which every export writes), so nothing"
+            f" shows that '{model_path}' is the model it describes: refused"
+        )
     if file_sha256(model_path) != want:
         raise ConfigError(
-            f"--model: '{model_path}' is not the model '{model_path.parent / 'model_meta.json'}'"
+            f"--model: '{model_path}' is not the model '{meta_path}'"
             f" describes (run {meta.get('run_id', '?')}): the files come from different runs"
         )
+
+
+# Which model_meta.json list sizes each served input's feature dimension.
+_META_LISTS = {
+    "state_values": "state_feature_ids",
+    "state_presence": "state_feature_ids",
+    "action_values": "action_feature_ids",
+    "action_presence": "action_feature_ids",
+}
+
+
+def check_signature(program: Any, kind: Kind[Any], space: FeatureSpace, model_path: Path) -> None:
+    """`ConfigError` unless the exported program takes the inputs model_meta.json implies
+    (names, count and every fixed dimension, as the kind's example inputs have them) and,
+    for named actions, returns one score per action: a meta that lists a feature fewer
+    would otherwise fail inside the program's shape guards."""
+    meta_path = model_path.parent / "model_meta.json"
+    want = dict(zip(kind.dynamic_shapes(), kind.example_inputs(space, batch=1), strict=True))
+    dynamic = kind.dynamic_shapes()
+    names = list(program.graph_signature.user_inputs)
+    if names != list(want):
+        raise ConfigError(
+            f"--model: '{model_path}' takes inputs {names[:8]}, not the {kind.name} model's"
+            f" {list(want)} that '{meta_path}' describes: the files do not belong together"
+        )
+    nodes = {n.name: n for n in program.graph.nodes if n.op == "placeholder"}
+    for name, example in want.items():
+        got = list(nodes[name].meta["val"].shape)
+        for dim, size in enumerate(example.shape):
+            if dim in dynamic[name] or dim >= len(got) or got[dim] == size:
+                continue
+            listed = _META_LISTS.get(name, "its feature lists")
+            raise ConfigError(
+                f"--model: '{model_path}' input '{name}' has {got[dim]} entries in dimension"
+                f" {dim}, but '{meta_path}' implies {size} ({listed}): the meta does not"
+                " describe this model"
+            )
+        if len(got) != example.dim():
+            raise ConfigError(
+                f"--model: '{model_path}' input '{name}' has {len(got)} dimensions, not the"
+                f" {example.dim()} that '{meta_path}' implies"
+            )
+    if space.actions:
+        out = program.graph.output_node().args[0][0].meta["val"].shape
+        if out[-1] != len(space.actions):
+            raise ConfigError(
+                f"--model: '{model_path}' scores {out[-1]} actions, but '{meta_path}' names"
+                f" {len(space.actions)} (actions): the meta does not describe this model"
+            )
 
 
 def _short(err: BaseException) -> str:

@@ -1,5 +1,6 @@
 """The served model end to end: one exported program for every candidate count and batch
-size (model.pt2, `load_model(...).score`, the `predict` command).
+size (model.pt2, `load_model(...).score`, the `predict` command), model_meta.json verified
+against model.pt2 before scoring, and `predict` streaming its output batch by batch.
 
 One tiny real parametric run and one real dqn run per module: the files these tests read
 are the files a run exports."""
@@ -17,6 +18,9 @@ import pytest
 import torch
 
 import reagent_lite
+from reagent_lite.errors import ConfigError
+from reagent_lite.io_utils import file_sha256
+from reagent_lite.predict import Predictor
 from tests.conftest import run_module
 from tests.test_api import tiny_config
 
@@ -159,6 +163,80 @@ def test_dqn_model_of_one_action_and_rows_of_one_possible_action(
         )
         scored = model.score(table, batch_size=batch_size)
         assert scored.column("best_action").to_pylist() == ["1", "0", None]
+
+
+# ------------------------------------------------------ model_meta.json, verified
+
+
+def _copy(model_dir: Path, dst: Path, **meta_changes: Any) -> Path:
+    dst.mkdir()
+    (dst / "model.pt2").write_bytes((model_dir / "model.pt2").read_bytes())
+    meta = {**_meta(model_dir), **meta_changes}
+    meta = {k: v for k, v in meta.items() if v is not None}
+    (dst / "model_meta.json").write_text(json.dumps(meta))
+    return dst
+
+
+def test_meta_without_the_models_digest_is_refused(dqn_dir: Path, tmp_path: Path) -> None:
+    """A model.pt2 of another run beside a meta with no digest would be scored with the
+    meta's action names: refused, exit 2, one line."""
+    foreign = _copy(dqn_dir, tmp_path / "foreign", model_sha256=None, actions=["1", "0"])
+    data = tmp_path / "rows.parquet"
+    pq.write_table(pq.read_table(dqn_dir.parent / "data/train.parquet").slice(0, 5), data)
+    result = run_module("reagent_lite.predict", "--model", str(foreign), "--data", str(data),
+                        "--output", str(tmp_path / "s.parquet"), timeout=120)  # fmt: skip
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert "names no model_sha256" in result.stderr and "refused" in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "s.parquet").exists()
+    for bad in ("", "0" * 63, 17):
+        with pytest.raises(ConfigError, match="names no model_sha256"):
+            Predictor(_copy(dqn_dir, tmp_path / f"bad{bad!r}", model_sha256=bad))
+
+
+@pytest.mark.parametrize(
+    "change",
+    ["one_state_feature_fewer", "one_action_feature_more", "one_action_more", "other_kind"],
+)
+def test_meta_that_does_not_describe_the_program_is_refused(
+    parametric_dir: Path, dqn_dir: Path, tmp_path: Path, change: str
+) -> None:
+    """The meta carries the right digest (whoever replaced one file could rewrite the
+    other) but not the program's inputs: refused before scoring, naming both files."""
+    source = dqn_dir if change in ("one_action_more", "other_kind") else parametric_dir
+    meta = _meta(source)
+    changes: dict[str, Any] = {
+        "one_state_feature_fewer": {"state_feature_ids": meta["state_feature_ids"][:-1]},
+        "one_action_feature_more": {"action_feature_ids": [*meta["action_feature_ids"], "999"]},
+        "one_action_more": {"actions": [*meta["actions"], "2"]},
+        "other_kind": {"workflow": "parametric_dqn", "action_feature_ids": ["5"]},
+    }[change]
+    copied = _copy(source, tmp_path / change, **changes)
+    expected = {
+        "one_state_feature_fewer": r"input 'state_values' has \d+ entries in dimension 1, but"
+        r" .* implies \d+ \(state_feature_ids\)",
+        "one_action_feature_more": r"input 'action_values' has \d+ entries in dimension 2.*"
+        r"\(action_feature_ids\)",
+        "one_action_more": r"scores 2 actions, but .* names 3 \(actions\)",
+        "other_kind": r"takes inputs \['state_values', 'state_presence'\], not the "
+        r"parametric_dqn model's",
+    }[change]
+    with pytest.raises(ConfigError, match=expected):
+        Predictor(copied)
+
+
+def test_predict_cli_meta_one_state_feature_fewer_exit_2(
+    parametric_dir: Path, tmp_path: Path
+) -> None:
+    meta = _meta(parametric_dir)
+    copied = _copy(parametric_dir, tmp_path / "m", state_feature_ids=meta["state_feature_ids"][:-1])
+    data = tmp_path / "rows.parquet"
+    pq.write_table(_candidate_table(parametric_dir, [2, 3]), data)
+    result = run_module("reagent_lite.predict", "--model", str(copied), "--data", str(data),
+                        "--output", str(tmp_path / "s.parquet"), timeout=120)  # fmt: skip
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert "(state_feature_ids)" in result.stderr and "Traceback" not in result.stderr
+    assert file_sha256(copied / "model.pt2") == meta["model_sha256"]
 
 
 def test_preprocessor_normalizes_candidate_sets_as_rows() -> None:
