@@ -263,3 +263,131 @@ def test_preprocessor_normalizes_candidate_sets_as_rows() -> None:
     for shape in ((1, 1), (3, 1), (1, 5)):
         v, p = values[: shape[0], : shape[1]], presence[: shape[0], : shape[1]]
         assert torch.equal(program(v, p), pre(v, p))
+
+
+# ------------------------------------------------------------ predict streams
+
+
+def _multi_group(src: Path, dst: Path, rows: int, group: int) -> pa.Table:
+    table = pq.read_table(src).slice(0, rows)
+    pq.write_table(table, dst, row_group_size=group)
+    return table
+
+
+def _predict(model: Path, data: Path, out: Path, *extra: str) -> None:
+    # In process (the command's own `main`): the exit codes are the subprocess tests' part.
+    from reagent_lite.predict import main
+
+    main(["--model", str(model), "--data", str(data), "--output", str(out), *extra])
+
+
+@pytest.mark.parametrize("kind", ["dqn", "parametric_dqn"])
+def test_predict_writes_batch_by_batch_what_one_batch_writes(
+    dqn_dir: Path, parametric_dir: Path, tmp_path: Path, kind: str
+) -> None:
+    """10 rows in row groups of 4, scored 3 rows at a time: the Parquet output holds one
+    row group per batch as read ([3, 1], [3, 1], [2]): each batch was written as it was
+    scored. Every format's output equals that of scoring the rows in one batch."""
+    model = dqn_dir if kind == "dqn" else parametric_dir
+    data = tmp_path / "in.parquet"
+    _multi_group(model.parent / "data/train.parquet", data, rows=10, group=4)
+    for fmt in ("parquet", "jsonl", "csv"):
+        _predict(model, data, tmp_path / f"small.{fmt}", "--batch-size", "3")
+        _predict(model, data, tmp_path / f"whole.{fmt}")
+        assert not list(tmp_path.glob(".*.tmp*")), "temp files left behind"
+    groups = pq.ParquetFile(tmp_path / "small.parquet").metadata
+    assert [groups.row_group(i).num_rows for i in range(groups.num_row_groups)] == [3, 1, 3, 1, 2]
+    assert pq.ParquetFile(tmp_path / "whole.parquet").metadata.num_row_groups == 3
+    small = pq.read_table(tmp_path / "small.parquet").to_pylist()
+    assert len(small) == 10
+    _same_rows(small, pq.read_table(tmp_path / "whole.parquet").to_pylist())
+    for fmt in ("jsonl", "csv"):
+        got, want = _text_rows(tmp_path / f"small.{fmt}"), _text_rows(tmp_path / f"whole.{fmt}")
+        assert len(got) == 10
+        _same_rows(got, want)
+
+
+SCORES = ("q_values", "candidate_scores")
+
+
+def _same_rows(got: list[dict[str, Any]], want: list[dict[str, Any]]) -> None:
+    """Equal rows; the scores up to float rounding (a matrix product's last bit depends on
+    how many rows it multiplies at once), everything else exactly."""
+    assert len(got) == len(want)
+    for g, w in zip(got, want, strict=True):
+        assert {k: v for k, v in g.items() if k not in SCORES} == {
+            k: v for k, v in w.items() if k not in SCORES
+        }
+        for key in SCORES:
+            if key in w:
+                np.testing.assert_allclose(_floats(g[key]), _floats(w[key]), rtol=1e-6, atol=1e-7)
+
+
+def _floats(value: Any) -> list[float]:
+    return [float(v) for v in (json.loads(value) if isinstance(value, str) else value)]
+
+
+def _text_rows(path: Path) -> list[dict[str, Any]]:
+    if path.suffix == ".jsonl":
+        return [json.loads(line) for line in path.read_text().splitlines()]
+    import csv
+
+    with path.open(newline="") as fh:
+        return list(csv.DictReader(fh))
+
+
+def test_scoring_pulls_one_batch_at_a_time(dqn_dir: Path) -> None:
+    """`score_batches` hands each scored batch on before it reads the next: nothing
+    accumulates between the reader and the writer."""
+    table = pq.read_table(dqn_dir.parent / "data/train.parquet").slice(0, 9)
+    read: list[int] = []
+
+    def batches() -> Any:
+        for start in range(0, 9, 3):
+            read.append(start)
+            yield table.slice(start, 3)
+
+    scored = Predictor(dqn_dir).score_batches(batches(), "t")
+    for i, out in enumerate(scored):
+        assert len(read) == i + 1 and out.num_rows == 3
+    assert read == [0, 3, 6]
+
+
+def test_a_bad_row_in_a_later_batch_leaves_no_output(dqn_dir: Path, tmp_path: Path) -> None:
+    """Rows 5 and 8 (of the third and fifth batch: two were scored and written before)
+    break the rules: exit 3 counting both, with the table's own row numbers; no output and
+    no temp file, an older output kept as it was."""
+    table = pq.read_table(dqn_dir.parent / "data/train.parquet").slice(0, 10)
+    states = table.column("state_features").to_pylist()
+    for row in (5, 8):
+        states[row] = [(k, float("nan")) for k, _ in states[row]]
+    col = table.schema.get_field_index("state_features")
+    bad = table.set_column(col, "state_features", pa.array(states, table.schema.field(col).type))
+    pq.write_table(bad, tmp_path / "bad.parquet", row_group_size=4)
+    out = tmp_path / "scores.jsonl"
+    out.write_text("older output\n")
+    result = run_module("reagent_lite.predict", "--model", str(dqn_dir), "--data",
+                        str(tmp_path / "bad.parquet"), "--output", str(out),
+                        "--batch-size", "3", timeout=120)  # fmt: skip
+    assert result.returncode == 3, result.stderr[-2000:]
+    assert "column 'state_features': 2 bad rows" in result.stderr
+    assert "(e.g. row 5:" in result.stderr and "Traceback" not in result.stderr
+    assert out.read_text() == "older output\n"
+    assert not list(tmp_path.glob(".*.tmp*"))
+
+
+def test_state_features_are_required_of_the_whole_table_not_each_batch(
+    dqn_dir: Path, tmp_path: Path
+) -> None:
+    """A first batch with none of the model's features scores (the later ones have them);
+    a table with none anywhere is the usual error."""
+    table = pq.read_table(dqn_dir.parent / "data/train.parquet").slice(0, 6)
+    col = table.schema.get_field_index("state_features")
+    states = table.column("state_features").to_pylist()
+    foreign = [[("9999", 1.0)]] * 3 + states[3:]
+    mixed = table.set_column(col, "state_features", pa.array(foreign, table.schema.field(col).type))
+    scored = Predictor(dqn_dir).score(mixed, batch_size=3)
+    assert scored.num_rows == 6 and scored.column("best_action").null_count == 0
+    none = mixed.slice(0, 3)
+    with pytest.raises(reagent_lite.DataError, match="no row holds any of the model's state"):
+        Predictor(dqn_dir).score(none, batch_size=1)
