@@ -15,6 +15,7 @@ import torch
 
 from reagent_lite.config.models import DQNWorkflowConfig
 from reagent_lite.errors import ConfigError
+from reagent_lite.io_utils import file_sha256
 from reagent_lite.predict import Predictor
 from reagent_lite.safe_load import check_pt2
 from reagent_lite.training import checkpoint as ckpt
@@ -92,8 +93,6 @@ def _crafted(model_dir: Path, tmp_path: Path, how: str, marker: Path) -> Path:
     out = tmp_path / how
     out.mkdir()
     meta = json.loads((model_dir / "model_meta.json").read_text())
-    meta.pop("model_sha256", None)
-    (out / "model_meta.json").write_text(json.dumps(meta))
 
     def change(name: str, data: bytes) -> Any:
         if how == "sample_inputs" and name.startswith("data/sample_inputs/"):
@@ -122,6 +121,10 @@ def _crafted(model_dir: Path, tmp_path: Path, how: str, marker: Path) -> Path:
         return data
 
     _rewrite(model_dir / "model.pt2", out / "model.pt2", change)
+    # Whoever can replace model.pt2 can rewrite the meta's digest: the archive check must
+    # refuse a crafted archive that the meta vouches for.
+    meta["model_sha256"] = file_sha256(out / "model.pt2")
+    (out / "model_meta.json").write_text(json.dumps(meta))
     return out
 
 
@@ -157,9 +160,9 @@ def test_our_own_model_passes_and_a_truncated_one_is_one_line(
     # The meta names the digest of the model it was written with ...
     with pytest.raises(ConfigError, match="the files come from different runs"):
         Predictor(cut)
-    # ... and without one, the archive itself is refused in one line.
+    # ... and with the cut file's digest, the archive itself is refused in one line.
     meta = json.loads((cut / "model_meta.json").read_text())
-    del meta["model_sha256"]
+    meta["model_sha256"] = file_sha256(cut / "model.pt2")
     (cut / "model_meta.json").write_text(json.dumps(meta))
     with pytest.raises(ConfigError, match=r"not a readable torch\.export archive") as err:
         Predictor(cut)

@@ -273,10 +273,9 @@ class ParametricServingModule(nn.Module):
         action_presence: Tensor,
         candidate_mask: Tensor,
     ) -> Tensor:
-        b, k, g = action_values.shape
         state = self.state_pre(state_values, state_presence)
-        actions = self.action_pre(
-            action_values.reshape(b * k, g), action_presence.reshape(b * k, g)
-        )
-        q: Tensor = self.q_net(state, actions.reshape(b, k, -1))
+        # Candidates stay [B, K, G] throughout: a reshape to [B·K, G] and back makes the
+        # traced program tell B·K from B, a guard (K != 1) that refused one-candidate rows.
+        actions = self.action_pre(action_values, action_presence)
+        q: Tensor = self.q_net(state, actions)
         return torch.where(candidate_mask > 0, q, torch.full_like(q, float("-inf")))

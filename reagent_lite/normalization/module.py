@@ -64,7 +64,9 @@ def _format_value(v: float) -> str:
 
 
 class Preprocessor(nn.Module):
-    """Normalizes `[B, F]` raw values (order `feature_ids`) into `[B, out_dim]`."""
+    """Normalizes `[..., F]` raw values (order `feature_ids`) into `[..., out_dim]`: rows
+    `[B, F]`, or candidate sets `[B, K, F]` as they come (the served parametric model never
+    merges B and K, whose product a traced reshape would have to tell apart from B)."""
 
     def __init__(
         self, feature_ids: Sequence[str], params: Mapping[str, NormalizationParameters]
@@ -130,7 +132,7 @@ class Preprocessor(nn.Module):
     def _vec(values: Sequence[float]) -> torch.Tensor:
         return torch.tensor(values, dtype=torch.float32).unsqueeze(0)  # [1, Fg]
 
-    # --- per-type constants and transforms (x: [B, Fg] with missing slots already 0) ---
+    # --- per-type constants and transforms (x: [..., Fg] with missing slots already 0) ---
 
     def _init_binary(self, ps: list[NormalizationParameters]) -> None:
         pass
@@ -183,10 +185,10 @@ class Preprocessor(nn.Module):
     def _apply_quantile(self, x: torch.Tensor) -> torch.Tensor:
         bounds = self._get("quantile_bounds")  # [1, Fg, Q]
         qmin, qmax = self._get("quantile_min"), self._get("quantile_max")
-        ge = x.unsqueeze(2) >= bounds  # [B, Fg, Q]
-        left = torch.where(ge, bounds, qmin.unsqueeze(2)).amax(dim=2)
-        right = torch.where(ge, qmax.unsqueeze(2), bounds).amin(dim=2)
-        left_index = ge.to(x.dtype).sum(dim=2) - 1.0
+        ge = x.unsqueeze(-1) >= bounds  # [..., Fg, Q]
+        left = torch.where(ge, bounds, qmin.unsqueeze(-1)).amax(dim=-1)
+        right = torch.where(ge, qmax.unsqueeze(-1), bounds).amin(dim=-1)
+        left_index = ge.to(x.dtype).sum(dim=-1) - 1.0
         gap = right - left
         frac = (x - left) / torch.where(gap > 0, gap, torch.ones_like(gap))
         inside = (left_index + frac) / self._get("quantile_intervals")
@@ -203,8 +205,8 @@ class Preprocessor(nn.Module):
         self._buf("enum_keep", torch.tensor(keep, dtype=torch.long))
 
     def _apply_enum(self, x: torch.Tensor) -> torch.Tensor:
-        hot = (x.unsqueeze(2) == self._get("enum_values")).to(x.dtype)  # [B, Fg, V]
-        return hot.flatten(1).index_select(1, self._get("enum_keep"))
+        hot = (x.unsqueeze(-1) == self._get("enum_values")).to(x.dtype)  # [..., Fg, V]
+        return hot.flatten(-2).index_select(-1, self._get("enum_keep"))
 
     def _init_continuous_action(self, ps: list[NormalizationParameters]) -> None:
         lo = [float(p.min_value if p.min_value is not None else -1.0) for p in ps]
@@ -225,18 +227,19 @@ class Preprocessor(nn.Module):
         return x
 
     def forward(self, values: torch.Tensor, presence: torch.Tensor) -> torch.Tensor:
-        """`values`, `presence`: `[B, F]` (presence > 0 = present) → `[B, out_dim]` float32."""
+        """`values`, `presence`: `[..., F]` (presence > 0 = present) → `[..., out_dim]`
+        float32."""
         values = values.to(torch.float32)
         present = (presence > 0) & ~torch.isnan(values)
         x = torch.where(present, values, torch.zeros_like(values))
         if self.out_dim == 0:
-            return x[:, :0]
+            return x[..., :0]
         outs = [
-            getattr(self, f"_apply_{name}")(x.index_select(1, self._get(f"{name}_idx")))
+            getattr(self, f"_apply_{name}")(x.index_select(-1, self._get(f"{name}_idx")))
             for name in self._groups
         ]
-        y = torch.cat(outs, dim=1).index_select(1, self._get("out_perm"))
-        keep = present.index_select(1, self._get("out_src"))
+        y = torch.cat(outs, dim=-1).index_select(-1, self._get("out_perm"))
+        keep = present.index_select(-1, self._get("out_src"))
         y = torch.where(keep, y, torch.zeros_like(y))
         return y.clamp(MIN_FEATURE_VALUE, MAX_FEATURE_VALUE)
 
