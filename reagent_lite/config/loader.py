@@ -98,16 +98,6 @@ def config_class(kind: str) -> type[BaseWorkflowConfig]:
     return resolve_kind(kind).config
 
 
-def infer_kind(data: Any) -> str:
-    """The workflow kind a raw config is for (`kinds.registry.infer_kind`): its `workflow`
-    key, else the kind whose marker keys it has (dqn: `actions`; parametric_dqn:
-    `action_norm_data_path` / `max_candidates`), else dqn (whose validation then names what
-    is missing)."""
-    from reagent_lite.kinds.registry import infer_kind as infer
-
-    return infer(data)
-
-
 def load_config(
     path: str | os.PathLike[str], cls: type[T], *, overrides: Overrides | None = None
 ) -> T:

@@ -118,12 +118,12 @@ def spec_of_config(cls: type[BaseWorkflowConfig]) -> KindSpec | None:
 
 
 def infer_kind(data: Any) -> str:
-    """The kind a raw config is for: its `workflow` key when that names a registered kind,
+    """The kind a raw config is for: its `workflow` key (a name `resolve_kind` may reject),
     else the first kind (in registration order) one of whose marker keys it has, else the
     first registered kind (dqn), whose validation then names what is missing."""
     names = kind_names()
     if isinstance(data, Mapping):
-        if data.get("workflow") in _SPECS:
+        if isinstance(data.get("workflow"), str):
             return str(data["workflow"])
         for spec in _SPECS.values():
             if spec.markers & data.keys():
