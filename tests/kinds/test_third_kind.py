@@ -11,6 +11,7 @@ the registry alone.
 from __future__ import annotations
 
 import dataclasses
+import json
 from collections.abc import Iterator
 from typing import Any, ClassVar, Literal
 
@@ -23,7 +24,7 @@ from pydantic import Field as ConfigField
 from torch import Tensor, nn
 
 import reagent_lite
-from reagent_lite.config import BaseWorkflowConfig
+from reagent_lite.config import BaseWorkflowConfig, DQNWorkflowConfig, load_config
 from reagent_lite.config.loader import config_class
 from reagent_lite.data.arrow import column_of, is_str, to_float32
 from reagent_lite.data.checks import nonfinite_rows, propensity_rows
@@ -44,6 +45,7 @@ from reagent_lite.kinds.base import Actor, FeatureSpace, Kind, agree_ids, sample
 from reagent_lite.kinds.discrete import DiscreteServingModule
 from reagent_lite.models import build_q_network
 from reagent_lite.normalization.module import Preprocessor
+from reagent_lite.runner import main as run_workflow
 from reagent_lite.trainers.common import DQNHyperParams, QLearningTrainer, QLogged
 
 ACTIONS = ["left", "middle", "right"]
@@ -353,3 +355,26 @@ def test_a_name_registers_once_and_its_config_says_its_name(bandit: KindSpec) ->
         pass
     with pytest.raises(ValueError, match="needs a `workflow` field defaulting to 'slate'"):
         register_kind(dataclasses.replace(SPEC, name="slate"))
+
+
+def test_the_runner_dry_runs_a_registered_kind(
+    bandit: KindSpec, tmp_path: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    pq.write_table(bandit_table(50, seed=2)[0], tmp_path / "train.parquet")
+    path = tmp_path / "bandit.json"
+    path.write_text(json.dumps(bandit_config(tmp_path)))
+    run_workflow("bandit", ["--config", str(path), "--dry_run"])
+    out = capsys.readouterr().out
+    assert "workflow: bandit" in out
+    assert "train.parquet: first 50 rows pass the training checks" in out
+    assert "state features (identified from 50 sample rows):" in out
+
+
+def test_a_config_of_a_registered_kind_given_to_another_kind_says_so(
+    bandit: KindSpec, tmp_path: Any
+) -> None:
+    path = tmp_path / "bandit.json"
+    path.write_text(json.dumps(bandit_config(tmp_path)))
+    with pytest.raises(ConfigError, match="workflow: this is a bandit config") as err:
+        load_config(path, DQNWorkflowConfig)
+    assert "run it with reagent_lite.train" in str(err.value)
