@@ -172,8 +172,10 @@ class Model:
         self.workflow: str = predictor.kind.name
         # Column order of the tensors `__call__` takes and of the scores it returns.
         self.state_feature_ids: list[str] = predictor.space.state_ids
-        self.actions: list[str] = predictor.space.actions
-        self.action_feature_ids: list[str] = predictor.space.action_ids
+        # The kind's own ids as model_meta.json holds them (a kind without named actions or
+        # action features has none).
+        self.actions: list[str] = list(self.meta.get("actions") or [])
+        self.action_feature_ids: list[str] = list(self.meta.get("action_feature_ids") or [])
 
     def score(self, data: Any, *, batch_size: int = 65_536) -> Any:
         """`data` (a pandas DataFrame or a pyarrow Table in the training table's layout;

@@ -29,7 +29,7 @@ from reagent_lite.data.scoring import values_and_presence
 from reagent_lite.data.validate import ShardValidation
 from reagent_lite.errors import ConfigError, DataError, ReagentLiteError
 from reagent_lite.io_utils import file_sha256
-from reagent_lite.kinds import FeatureSpace, get_kind
+from reagent_lite.kinds import get_kind
 from reagent_lite.safe_load import load_program
 from reagent_lite.table_io import output_format, write_table
 
@@ -83,7 +83,7 @@ class Predictor:
         self.meta: dict[str, Any] = read_meta(meta_path)
         try:
             self.kind = get_kind(self.meta["workflow"])
-            self.space = FeatureSpace.from_json(self.meta)
+            self.space = self.kind.space_type.from_json(self.meta)
         except (KeyError, TypeError, ValueError, AttributeError) as err:
             raise ConfigError(
                 f"--model: '{meta_path}' is not a complete model_meta.json ({_short(err)})"

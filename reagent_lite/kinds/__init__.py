@@ -20,7 +20,13 @@ from reagent_lite.kinds.registry import (
 )
 
 if TYPE_CHECKING:
-    from reagent_lite.kinds.base import EVAL_ONLY_FIELDS, FeatureSpace, Kind
+    from reagent_lite.kinds.base import (
+        EVAL_ONLY_FIELDS,
+        DiscreteSpace,
+        FeatureSpace,
+        Kind,
+        ParametricSpace,
+    )
     from reagent_lite.kinds.discrete import DiscreteKind, DiscreteServingModule
     from reagent_lite.kinds.parametric import ParametricKind, ParametricServingModule
 
@@ -58,6 +64,8 @@ def get_kind(name: str) -> Kind[Any]:
 _LAZY = {
     "EVAL_ONLY_FIELDS": "reagent_lite.kinds.base",
     "FeatureSpace": "reagent_lite.kinds.base",
+    "DiscreteSpace": "reagent_lite.kinds.base",
+    "ParametricSpace": "reagent_lite.kinds.base",
     "Kind": "reagent_lite.kinds.base",
     "DiscreteKind": "reagent_lite.kinds.discrete",
     "DiscreteServingModule": "reagent_lite.kinds.discrete",
@@ -84,11 +92,13 @@ __all__ = [
     "KINDS",
     "DiscreteKind",
     "DiscreteServingModule",
+    "DiscreteSpace",
     "FeatureSpace",
     "Kind",
     "KindSpec",
     "ParametricKind",
     "ParametricServingModule",
+    "ParametricSpace",
     "get_kind",
     "register_kind",
     "registered",

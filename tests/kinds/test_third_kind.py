@@ -41,7 +41,7 @@ from reagent_lite.data.windows import scan_units
 from reagent_lite.distributed.context import DistContext
 from reagent_lite.errors import ConfigError, DataError
 from reagent_lite.kinds import KindSpec, register_kind, registered
-from reagent_lite.kinds.base import Actor, FeatureSpace, Kind, agree_ids, sample_nan_rows
+from reagent_lite.kinds.base import Actor, DiscreteSpace, Kind, agree_ids, sample_nan_rows
 from reagent_lite.kinds.discrete import DiscreteServingModule
 from reagent_lite.models import build_q_network
 from reagent_lite.normalization.module import Preprocessor
@@ -143,8 +143,9 @@ class BanditTrainer(QLearningTrainer[Any]):
 # ----------------------------------------------------------------------------- kind
 
 
-class BanditKind(Kind[BanditConfig]):
+class BanditKind(Kind[BanditConfig, DiscreteSpace]):
     name = "bandit"
+    space_type = DiscreteSpace
     scoring_fields = (STATE_FIELD,)
     signature: ClassVar[dict[str, Any]] = {
         "inputs": ["state_values [B,F]", "state_presence [B,F]"],
@@ -154,7 +155,7 @@ class BanditKind(Kind[BanditConfig]):
     def schema(self, cfg: BanditConfig) -> TableSchema:
         return BANDIT_SCHEMA
 
-    def layout(self, cfg: BanditConfig, space: FeatureSpace | None = None) -> Layout[BanditShard]:
+    def layout(self, cfg: BanditConfig, space: DiscreteSpace | None = None) -> Layout[BanditShard]:
         ids = space.state_ids if space is not None else []
 
         def conform(shard: BanditShard) -> None:
@@ -173,14 +174,14 @@ class BanditKind(Kind[BanditConfig]):
 
     def agree_space(
         self, ctx: DistContext, cfg: BanditConfig, shard: IngestedShard
-    ) -> FeatureSpace:
-        return FeatureSpace(state_ids=agree_ids(ctx, shard.state_ids), actions=list(cfg.arms))
+    ) -> DiscreteSpace:
+        return DiscreteSpace(state_ids=agree_ids(ctx, shard.state_ids), actions=list(cfg.arms))
 
     def scan_space(
         self, ctx: DistContext, cfg: BanditConfig, units: list[ShardPiece]
-    ) -> FeatureSpace:
+    ) -> DiscreteSpace:
         ids = scan_units(units, {"state": STATE_COLUMNS})[0]["state"]
-        return FeatureSpace(state_ids=agree_ids(ctx, ids), actions=list(cfg.arms))
+        return DiscreteSpace(state_ids=agree_ids(ctx, ids), actions=list(cfg.arms))
 
     def norm_files(self, cfg: BanditConfig) -> dict[str, str | None]:
         return {"state": cfg.state_norm_data_path}
@@ -194,7 +195,7 @@ class BanditKind(Kind[BanditConfig]):
         return TensorDict({"state": state, **fields})
 
     def build_q_network(
-        self, cfg: BanditConfig, dims: dict[str, int], space: FeatureSpace
+        self, cfg: BanditConfig, dims: dict[str, int], space: DiscreteSpace
     ) -> nn.Module:
         t = cfg.training
         return build_q_network(
@@ -205,7 +206,7 @@ class BanditKind(Kind[BanditConfig]):
         )
 
     def build_trainer(
-        self, q_net: nn.Module, cfg: BanditConfig, space: FeatureSpace, unwrapped: nn.Module
+        self, q_net: nn.Module, cfg: BanditConfig, space: DiscreteSpace, unwrapped: nn.Module
     ) -> BanditTrainer:
         return BanditTrainer(q_net, DQNHyperParams.from_config(cfg), unwrapped=unwrapped)
 
@@ -224,7 +225,7 @@ class BanditKind(Kind[BanditConfig]):
     def serving_module(self, pre: dict[str, Preprocessor], q_net: nn.Module) -> nn.Module:
         return DiscreteServingModule(pre["state"], q_net)
 
-    def example_inputs(self, space: FeatureSpace, batch: int = 3) -> tuple[Tensor, ...]:
+    def example_inputs(self, space: DiscreteSpace, batch: int = 3) -> tuple[Tensor, ...]:
         n = len(space.state_ids)
         return (torch.randn(batch, n, generator=torch.Generator().manual_seed(0)),
                 torch.ones(batch, n))  # fmt: skip
@@ -238,7 +239,7 @@ class BanditKind(Kind[BanditConfig]):
         program: Any,
         table: pa.Table,
         state: tuple[Tensor, Tensor],
-        space: FeatureSpace,
+        space: DiscreteSpace,
         batch_size: int,
         source: str,
     ) -> pa.Table:
@@ -248,7 +249,7 @@ class BanditKind(Kind[BanditConfig]):
             "expected_rewards", pa.array(list(q), type=pa.list_(pa.float32()))
         ).append_column("best_action", pa.array(best.tolist(), type=pa.string()))
 
-    def greedy_actor(self, program: Any, space: FeatureSpace, n_env_actions: int) -> Actor:
+    def greedy_actor(self, program: Any, space: DiscreteSpace, n_env_actions: int) -> Actor:
         return lambda state, presence: int(program(state, presence).argmax(dim=1).item())
 
 
