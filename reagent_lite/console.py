@@ -39,7 +39,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "schema": ("reagent_lite.config.schema", "write or --check the config JSON Schemas"),
 }
 ALIASES = {
-    "parametric-dqn": "parametric_dqn",
+    **{name.replace("_", "-"): name for name in kind_names() if "_" in name},
     "make_sample_data": "make-sample-data",
 }
 

@@ -17,10 +17,10 @@ from reagent_lite.errors import ConfigError
 from reagent_lite.kinds.registry import KindSpec, resolve_kind
 
 
-def main(kind: str, argv: list[str] | None = None, prog: str | None = None) -> None:
-    """Entry point of the registered workflow kind `kind`; exits with the error's code on
-    failure."""
-    run_cli(lambda: _main(resolve_kind(kind), argv, prog))
+def main(kind: KindSpec | str, argv: list[str] | None = None, prog: str | None = None) -> None:
+    """Entry point of the registered workflow kind `kind` (or its name); exits with the
+    error's code on failure."""
+    run_cli(lambda: _main(resolve_kind(kind) if isinstance(kind, str) else kind, argv, prog))
 
 
 def _main(kind: KindSpec, argv: list[str] | None, prog: str | None) -> None:

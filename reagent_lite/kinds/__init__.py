@@ -34,7 +34,7 @@ if TYPE_CHECKING:
 
 # The shipped kinds: one registration each. The first is the default of a config that
 # names no workflow and has no kind's marker keys.
-register_kind(
+DQN = register_kind(
     KindSpec(
         name="dqn",
         config=DQNWorkflowConfig,
@@ -44,7 +44,7 @@ register_kind(
         markers=frozenset({"actions"}),
     )
 )
-register_kind(
+PARAMETRIC_DQN = register_kind(
     KindSpec(
         name="parametric_dqn",
         config=ParametricDQNWorkflowConfig,
@@ -88,8 +88,10 @@ def __getattr__(name: str) -> Any:
 
 
 __all__ = [
+    "DQN",
     "EVAL_ONLY_FIELDS",
     "KINDS",
+    "PARAMETRIC_DQN",
     "DiscreteKind",
     "DiscreteServingModule",
     "DiscreteSpace",
