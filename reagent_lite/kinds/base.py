@@ -13,7 +13,8 @@ never branches on a kind's name. A kind declares:
   shapes and the signature written into `model_meta.json`; a greedy actor for online
   rollouts in a gymnasium environment.
 
-Adding a kind means one module with a subclass of `Kind`, registered in `kinds/__init__.py`.
+Adding a kind means one module with a subclass of `Kind` (and its `FeatureSpace`
+extension), registered with one `register_kind` call (`kinds/registry.py`).
 """
 
 from __future__ import annotations
