@@ -166,6 +166,8 @@ class Kind(ABC, Generic[C, S]):
     name: ClassVar[str]
     # The kind's feature space S (what `agree_space` returns, `model_meta.json` holds).
     space_type: ClassVar[type[FeatureSpace]] = FeatureSpace
+    # The fields its trainer reads from a batch (a Protocol): `training_tensors` holds them.
+    batch_type: ClassVar[type]
     # The columns scoring with the served model reads (`predict`).
     scoring_fields: ClassVar[tuple[Field, ...]]
     # How the served model is called, for `model_meta.json`.

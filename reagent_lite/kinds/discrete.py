@@ -37,12 +37,13 @@ from reagent_lite.kinds.base import Actor, DiscreteSpace, Kind, agree_ids, sampl
 from reagent_lite.models import build_q_network
 from reagent_lite.models.bcq import BCQQNetwork
 from reagent_lite.normalization.module import Preprocessor
-from reagent_lite.trainers.dqn import DQNTrainer
+from reagent_lite.trainers.dqn import DiscreteBatch, DQNTrainer
 
 
 class DiscreteKind(Kind[DQNWorkflowConfig, DiscreteSpace]):
     name = "dqn"
     space_type = DiscreteSpace
+    batch_type = DiscreteBatch
     scoring_fields: ClassVar[tuple[Field, ...]] = (STATE_FIELD,)
     signature: ClassVar[dict[str, Any]] = {
         "inputs": ["state_values [B,F]", "state_presence [B,F]"],

@@ -42,7 +42,7 @@ from reagent_lite.distributed.context import DistContext
 from reagent_lite.kinds.base import Actor, Kind, ParametricSpace, agree_ids, sample_nan_rows
 from reagent_lite.models.parametric import ParametricQNetwork
 from reagent_lite.normalization.module import Preprocessor
-from reagent_lite.trainers.parametric_dqn import ParametricDQNTrainer
+from reagent_lite.trainers.parametric_dqn import ParametricBatch, ParametricDQNTrainer
 
 _Cfg = ParametricDQNWorkflowConfig
 
@@ -64,6 +64,7 @@ PARAMETRIC_SCHEMA = transition_schema(
 class ParametricKind(Kind[ParametricDQNWorkflowConfig, ParametricSpace]):
     name = "parametric_dqn"
     space_type = ParametricSpace
+    batch_type = ParametricBatch
     scoring_fields: ClassVar[tuple[Field, ...]] = (STATE_FIELD, CANDIDATES_FIELD)
     signature: ClassVar[dict[str, Any]] = {
         "inputs": [

@@ -2,10 +2,19 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
+from typing_extensions import get_protocol_members
 
-from reagent_lite.config import DQNWorkflowConfig, ParametricDQNWorkflowConfig, config_from_dict
+from reagent_lite.config import (
+    BaseWorkflowConfig,
+    DQNWorkflowConfig,
+    ParametricDQNWorkflowConfig,
+    config_from_dict,
+)
+from reagent_lite.distributed.context import DistContext
 from reagent_lite.errors import ConfigError
 from reagent_lite.kinds import KINDS, DiscreteSpace, ParametricSpace, get_kind
 from reagent_lite.models.dueling import DuelingQNetwork
@@ -129,3 +138,28 @@ def test_each_kind_has_a_feature_space_of_its_own_fields() -> None:
         d.ids("action")
     # What the memory estimate reads: Q-values per network row, network rows per state.
     assert (d.q_outputs(), d.rows_per_state(), p.q_outputs(), p.rows_per_state()) == (2, 1, 1, 4)
+
+
+@pytest.mark.parametrize("name", sorted(KINDS))
+def test_a_kinds_training_tensors_hold_every_field_of_its_batch_type(
+    name: str, tmp_path: Path
+) -> None:
+    from tests.data.test_ingest import ACTIONS, rows, write
+    from tests.data.test_ingest_parametric import parametric_rows, write_parametric
+
+    kind, path = get_kind(name), tmp_path / "t.parquet"
+    cfg: BaseWorkflowConfig
+    if name == "dqn":
+        cfg = DQNWorkflowConfig(**PATHS, actions=ACTIONS)
+        write(path, rows(40), 16)
+    else:
+        cfg = ParametricDQNWorkflowConfig(**PATHS)
+        write_parametric(path, parametric_rows(40), 16)
+    space, shard = kind.load_shard(DistContext.single("cpu"), cfg, str(path), [(0, 1)])
+    pre = {
+        group: Preprocessor(space.ids(group), fit_normalization(sample, space.ids(group)))
+        for group, sample in kind.norm_samples(shard, 100, 0).items()
+    }
+    tensors = kind.training_tensors(shard, pre)
+    assert isinstance(space, kind.space_type)
+    assert get_protocol_members(kind.batch_type) <= set(tensors.keys())

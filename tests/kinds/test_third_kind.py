@@ -13,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 import json
 from collections.abc import Iterator
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar, Literal, Protocol
 
 import numpy as np
 import pyarrow as pa
@@ -128,14 +128,31 @@ class BanditShardBuilder(ShardBuilder[BanditShard]):
 # ----------------------------------------------------------------------------- maths
 
 
-class BanditTrainer(QLearningTrainer[Any]):
+class BanditBatch(Protocol):
+    """What `BanditTrainer` reads (and the shared trainer code: terminal, time_diff...)."""
+
+    @property
+    def state(self) -> Tensor: ...
+    @property
+    def action(self) -> Tensor: ...
+    @property
+    def reward(self) -> Tensor: ...
+    @property
+    def terminal(self) -> Tensor: ...
+    @property
+    def time_diff(self) -> Tensor: ...
+    @property
+    def possible_actions_mask(self) -> Tensor: ...
+
+
+class BanditTrainer(QLearningTrainer[BanditBatch]):
     """Q(s, a) regressed on the immediate reward: the target's next value is 0."""
 
-    def _q_logged(self, batch: Any, net: nn.Module) -> QLogged:
+    def _q_logged(self, batch: BanditBatch, net: nn.Module) -> QLogged:
         q_all = net(batch.state)
         return q_all.gather(1, batch.action.unsqueeze(1)).squeeze(1), q_all, None
 
-    def _next_value(self, batch: Any) -> Tensor:
+    def _next_value(self, batch: BanditBatch) -> Tensor:
         value: Tensor = torch.zeros_like(batch.reward)
         return value
 
@@ -146,6 +163,7 @@ class BanditTrainer(QLearningTrainer[Any]):
 class BanditKind(Kind[BanditConfig, DiscreteSpace]):
     name = "bandit"
     space_type = DiscreteSpace
+    batch_type = BanditBatch
     scoring_fields = (STATE_FIELD,)
     signature: ClassVar[dict[str, Any]] = {
         "inputs": ["state_values [B,F]", "state_presence [B,F]"],
