@@ -57,7 +57,7 @@ def variants(base: dict[str, Any]) -> dict[str, dict[str, Any]]:
 
 def rollout_model(out_dir: Path, episodes: int) -> float:
     from reagent_lite.evaluation.online import rollout_exported_model
-    from reagent_lite.kinds import FeatureSpace, get_kind
+    from reagent_lite.kinds import get_kind
 
     meta = json.loads((out_dir / "model_meta.json").read_text())
     result = rollout_exported_model(
@@ -66,7 +66,7 @@ def rollout_model(out_dir: Path, episodes: int) -> float:
         episodes=episodes,
         seed=ROLLOUT_SEED,
         kind=get_kind("dqn"),
-        space=FeatureSpace.from_json(meta),
+        space=get_kind(meta["workflow"]).space_type.from_json(meta),
     )
     return float(result["mean_return"])
 

@@ -181,14 +181,15 @@ def play_model(model_dir: Path, env_id: str, episodes: int, gamma: float) -> np.
     import gymnasium as gym
     import torch
 
-    from reagent_lite.kinds import FeatureSpace, get_kind
+    from reagent_lite.kinds import get_kind
     from reagent_lite.safe_load import load_program
 
     meta = json.loads((model_dir / "model_meta.json").read_text())
-    space = FeatureSpace.from_json(meta)
+    kind = get_kind(meta["workflow"])
+    space = kind.space_type.from_json(meta)
     program = load_program(model_dir / "model.pt2", "cpe_direction").module()
     env = gym.make(env_id)
-    act = get_kind(meta["workflow"]).greedy_actor(program, space, int(env.action_space.n))
+    act = kind.greedy_actor(program, space, int(env.action_space.n))
     cols = np.asarray([int(f) for f in space.state_ids])
     out = np.zeros((episodes, 2))
     for ep in range(episodes):

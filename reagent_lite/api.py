@@ -24,20 +24,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from reagent_lite.cli import WorkflowArgs
-from reagent_lite.config.loader import (
-    config_class,
-    config_from_dict,
-    infer_kind,
-    read_config_file,
-)
-from reagent_lite.config.models import (
-    BaseWorkflowConfig,
-    DQNWorkflowConfig,
-    ParametricDQNWorkflowConfig,
-    WorkflowConfig,
-)
+from reagent_lite.config.loader import config_from_dict, read_config_file
+from reagent_lite.config.models import BaseWorkflowConfig, WorkflowConfig
 from reagent_lite.config.overrides import Overrides, apply_overrides
 from reagent_lite.errors import ConfigError
+from reagent_lite.kinds.registry import KindSpec, infer_kind, resolve_kind, spec_of_config
 from reagent_lite.runner import check_node_index
 
 if TYPE_CHECKING:
@@ -56,16 +47,22 @@ def load_config(
     (`{"training.learning_rate": 1e-4}` or `["epochs=5"]`) applied first. The workflow is
     `workflow`, else the config's `workflow` key, else dqn when it lists `actions`.
     `ConfigError` names the key path, the bad value and what was expected."""
-    config_, _ = _load(config, overrides, workflow)
+    config_, _, _ = _load(config, overrides, workflow)
     return config_
 
 
 def _load(
     config: ConfigSource, overrides: Overrides | None, workflow: str | None
-) -> tuple[WorkflowConfig, str]:
-    if isinstance(config, DQNWorkflowConfig | ParametricDQNWorkflowConfig):
-        if not overrides and workflow in (None, config.workflow):
-            return config, "<config object>"
+) -> tuple[WorkflowConfig, str, KindSpec]:
+    """The config, where it came from, and its kind: resolved here, once."""
+    if isinstance(config, BaseWorkflowConfig):
+        own = spec_of_config(type(config))
+        if own is None:
+            raise ConfigError(
+                f"config: {type(config).__name__} is not the config of a registered kind"
+            )
+        if not overrides and workflow in (None, own.name):
+            return config, "<config object>", own
         data: Any = config.model_dump(mode="json")
         source = "<config object>"
     elif isinstance(config, Mapping):
@@ -79,12 +76,8 @@ def _load(
     if overrides and isinstance(data, dict):
         data = apply_overrides(data, overrides)
         source += " + overrides"
-    kind = workflow or infer_kind(data)
-    try:
-        cls = config_class(kind)
-    except ValueError:
-        raise ConfigError(f"workflow: expected 'dqn' or 'parametric_dqn' (got {kind!r})") from None
-    return config_from_dict(data, cls, source=source), source
+    spec = resolve_kind(workflow or infer_kind(data))
+    return config_from_dict(data, spec.config, source=source), source, spec
 
 
 @dataclass(frozen=True)
@@ -150,18 +143,18 @@ def train(
 
     `node_index`, `resume` and `run_id` mean what the command-line flags of the same names
     mean. Raises `ConfigError` / `DataError` / `DistributedError` / `TrainingError`."""
-    cfg, source = _load(config, overrides, None)
+    cfg, source, spec = _load(config, overrides, None)
     check_node_index(cfg, node_index, source)
     # Relative paths resolve against the working directory, as on the command line.
     cfg = cfg.resolved()
     from reagent_lite.training.entry import run_training
 
     args = WorkflowArgs(config=Path(source), node_index=node_index, resume=resume, run_id=run_id)
-    out = run_training(cfg.workflow, cfg, args)
+    out = run_training(spec.load(), cfg, args)
     if out is None:
         return RunResult(
             model_dir=Path(cfg.model_output_path),
-            workflow=cfg.workflow,
+            workflow=spec.name,
             metrics=(),
             final_metrics={},
             selected_epoch=None,
@@ -179,8 +172,10 @@ class Model:
         self.workflow: str = predictor.kind.name
         # Column order of the tensors `__call__` takes and of the scores it returns.
         self.state_feature_ids: list[str] = predictor.space.state_ids
-        self.actions: list[str] = predictor.space.actions
-        self.action_feature_ids: list[str] = predictor.space.action_ids
+        # The kind's own ids as model_meta.json holds them (a kind without named actions or
+        # action features has none).
+        self.actions: list[str] = list(self.meta.get("actions") or [])
+        self.action_feature_ids: list[str] = list(self.meta.get("action_feature_ids") or [])
 
     def score(self, data: Any, *, batch_size: int = 65_536) -> Any:
         """`data` (a pandas DataFrame or a pyarrow Table in the training table's layout;

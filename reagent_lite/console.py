@@ -24,14 +24,14 @@ from typing import Any
 
 from reagent_lite import __version__
 from reagent_lite.errors import ReagentLiteError
+from reagent_lite.kinds.registry import kind_names, resolve_kind
 
-# name → (python -m equivalent, one-line summary)
+# name → (python -m equivalent, one-line summary); a subcommand per registered kind first.
 COMMANDS: dict[str, tuple[str, str]] = {
-    "dqn": ("workflows.dqn_workflow", "train a discrete-action DQN as the config says"),
-    "parametric_dqn": (
-        "workflows.parametric_dqn_workflow",
-        "train a parametric-action DQN as the config says",
-    ),
+    **{
+        name: (resolve_kind(name).command.removeprefix("python -m "), resolve_kind(name).summary)
+        for name in kind_names()
+    },
     "predict": ("reagent_lite.predict", "score a table with an exported model"),
     "report": ("reagent_lite.report", "draw a run's training and CPE curves (report.png)"),
     "timeline": ("workflows.timeline", "turn per-step logs into the training table"),
@@ -39,7 +39,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "schema": ("reagent_lite.config.schema", "write or --check the config JSON Schemas"),
 }
 ALIASES = {
-    "parametric-dqn": "parametric_dqn",
+    **{name.replace("_", "-"): name for name in kind_names() if "_" in name},
     "make_sample_data": "make-sample-data",
 }
 
@@ -61,10 +61,10 @@ def _usage() -> str:
 
 def _entry(name: str) -> Callable[[list[str]], Any]:
     prog = f"reagent-lite {name}"
-    if name in ("dqn", "parametric_dqn"):
+    if name in kind_names():
         from reagent_lite.runner import main as run_workflow
 
-        return lambda argv: run_workflow(name, argv, prog=prog)  # type: ignore[arg-type]
+        return lambda argv: run_workflow(name, argv, prog=prog)
     if name in ("predict", "report"):
         from reagent_lite.cli import predict_parser, report_parser
 

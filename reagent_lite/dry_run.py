@@ -15,7 +15,7 @@ import itertools
 import json
 import math
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyarrow as pa
@@ -27,6 +27,9 @@ from reagent_lite.data.arrow import is_dense
 from reagent_lite.data.jsonl import open_text, table_from_records
 from reagent_lite.data.readers import ShardSpec, apply_aliases, file_format, list_data_files
 from reagent_lite.errors import DataError
+
+if TYPE_CHECKING:
+    from reagent_lite.kinds.base import Kind
 
 SAMPLE_ROWS = 1000
 
@@ -111,15 +114,14 @@ def read_sample(path: str | Path, rows: int = SAMPLE_ROWS) -> tuple[pa.Table, Pa
     return apply_aliases(table, first), first
 
 
-def check_sample(kind: str, cfg: WorkflowConfig, path: str) -> tuple[pa.Table, str]:
+def check_sample(kind: Kind[Any], cfg: WorkflowConfig, path: str) -> tuple[pa.Table, str]:
     """The sample of `path` once it passed the training rules (a `DataError` as training
     would give otherwise), and a line saying what was checked."""
     from reagent_lite.data.validate import ShardValidation
-    from reagent_lite.kinds import get_kind
 
     table, first = read_sample(path)
     check = ShardValidation(
-        get_kind(kind).schema(cfg),
+        kind.schema(cfg),
         source=str(first),
         drop_bad_rows=cfg.drop_bad_rows,
         null_propensity_as_one=cfg.null_propensity == "one",
@@ -131,19 +133,17 @@ def check_sample(kind: str, cfg: WorkflowConfig, path: str) -> tuple[pa.Table, s
     return table, f"{first.name}: first {report.rows_in} rows pass the training checks{note}"
 
 
-def feature_type_lines(kind: str, cfg: WorkflowConfig, sample: pa.Table) -> list[str]:
-    """`  <group> feature <id>: <TYPE>` for each feature of the sample."""
-    groups = {"state": _state_column(sample)}
-    if kind == "parametric_dqn" and "action" in sample.column_names:
-        groups["action"] = "action"
-    given = {"state": cfg.state_norm_data_path}
-    if kind == "parametric_dqn":
-        given["action"] = getattr(cfg, "action_norm_data_path", None)
+def feature_type_lines(kind: Kind[Any], cfg: WorkflowConfig, sample: pa.Table) -> list[str]:
+    """`  <group> feature <id>: <TYPE>` for each feature of the sample: of each group the
+    kind normalizes (state; parametric: action), from its normalization file if given."""
+    given = kind.norm_files(cfg)
     lines = []
-    for group, column in groups.items():
-        if column is None:
+    for group, path in given.items():
+        # A group other than the state is read from the column of its name (the action
+        # features of a parametric table).
+        column = _state_column(sample) if group == "state" else group
+        if column is None or column not in sample.column_names:
             continue
-        path = given.get(group)
         if path:
             from reagent_lite.normalization.params import load_normalization
 

@@ -95,7 +95,7 @@ class Predictor:
         self.meta: dict[str, Any] = read_meta(meta_path)
         try:
             self.kind = get_kind(self.meta["workflow"])
-            self.space = FeatureSpace.from_json(self.meta)
+            self.space = self.kind.space_type.from_json(self.meta)
         except (KeyError, TypeError, ValueError, AttributeError) as err:
             raise ConfigError(
                 f"--model: '{meta_path}' is not a complete model_meta.json ({_short(err)})"
@@ -222,12 +222,13 @@ def check_signature(program: Any, kind: Kind[Any], space: FeatureSpace, model_pa
                 f"--model: '{model_path}' input '{name}' has {len(got)} dimensions, not the"
                 f" {example.dim()} that '{meta_path}' implies"
             )
-    if space.actions:
+    actions = space.to_json().get("actions")  # a kind with named actions lists them
+    if actions:
         out = program.graph.output_node().args[0][0].meta["val"].shape
-        if out[-1] != len(space.actions):
+        if out[-1] != len(actions):
             raise ConfigError(
                 f"--model: '{model_path}' scores {out[-1]} actions, but '{meta_path}' names"
-                f" {len(space.actions)} (actions): the meta does not describe this model"
+                f" {len(actions)} (actions): the meta does not describe this model"
             )
 
 

@@ -9,31 +9,24 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 from reagent_lite.cli import WorkflowArgs, configure_logging, parse_workflow_args, run_cli
-from reagent_lite.config import WorkflowConfig, config_class, load_config
+from reagent_lite.config import WorkflowConfig, load_config
 from reagent_lite.errors import ConfigError
-
-WorkflowKind = Literal["dqn", "parametric_dqn"]
-
-_PROGS = {
-    "dqn": "python -m workflows.dqn_workflow",
-    "parametric_dqn": "python -m workflows.parametric_dqn_workflow",
-}
+from reagent_lite.kinds.registry import KindSpec, resolve_kind
 
 
-def main(kind: WorkflowKind, argv: list[str] | None = None, prog: str | None = None) -> None:
-    """Entry point of the workflow `kind`; exits with the error's code on failure."""
-    run_cli(lambda: _main(kind, argv, prog or _PROGS[kind]))
+def main(kind: KindSpec | str, argv: list[str] | None = None, prog: str | None = None) -> None:
+    """Entry point of the registered workflow kind `kind` (or its name); exits with the
+    error's code on failure."""
+    run_cli(lambda: _main(resolve_kind(kind) if isinstance(kind, str) else kind, argv, prog))
 
 
-def _main(kind: WorkflowKind, argv: list[str] | None, prog: str) -> None:
+def _main(kind: KindSpec, argv: list[str] | None, prog: str | None) -> None:
     configure_logging()
-    args = parse_workflow_args(argv, prog=prog)
-    cfg: WorkflowConfig = load_config(
-        args.config, config_class(kind), overrides=list(args.overrides)
-    )
+    args = parse_workflow_args(argv, prog=prog or kind.command)
+    cfg: WorkflowConfig = load_config(args.config, kind.config, overrides=list(args.overrides))
     check_node_index(cfg, args.node_index, str(args.config))
     # Absolute paths from here on, so every process and node means the same files.
     cfg = cfg.resolved()
@@ -44,7 +37,7 @@ def _main(kind: WorkflowKind, argv: list[str] | None, prog: str) -> None:
         return
     from reagent_lite.training.entry import run_training
 
-    out = run_training(kind, cfg, args, cli_logging=True)
+    out = run_training(kind.load(), cfg, args, cli_logging=True)
     if out is not None:
         print(
             f"model: {out / 'model.pt2'}\nmetadata: {out / 'model_meta.json'}\n"
@@ -63,11 +56,11 @@ def check_node_index(cfg: WorkflowConfig, node_index: int, source: str) -> None:
         )
 
 
-def describe_dry_run(kind: WorkflowKind, cfg: WorkflowConfig, args: WorkflowArgs) -> str:
+def describe_dry_run(kind: KindSpec, cfg: WorkflowConfig, args: WorkflowArgs) -> str:
     """The resolved plan: config, launch layout, data shards and outputs."""
     lines = [
         f"config: {Path(args.config).resolve()}",
-        f"workflow: {kind}",
+        f"workflow: {kind.name}",
         f"run_id: {args.run_id or '(derived at launch)'}",
         f"resume: {args.resume}",
     ]
@@ -107,13 +100,13 @@ def _shards(path: str, world_size: int) -> list[Any] | None:
     return shard_plan(path, world_size)
 
 
-def _sample_lines(kind: WorkflowKind, cfg: WorkflowConfig) -> list[str]:
+def _sample_lines(spec: KindSpec, cfg: WorkflowConfig) -> list[str]:
     """A sample of each table checked as training would; the features' types."""
     from reagent_lite.dry_run import check_sample, feature_type_lines
 
     if not Path(cfg.training_data_path).exists():
         return ["data sample: none yet (sample_data will generate the data)"]
-    lines = ["data sample:"]
+    lines, kind = ["data sample:"], spec.load()
     sample, what = check_sample(kind, cfg, cfg.training_data_path)
     lines.append(f"  training: {what}")
     if cfg.eval_data_path is not None and Path(cfg.eval_data_path).exists():
@@ -137,7 +130,7 @@ def _data_lines(path: str, world_size: int, cfg: WorkflowConfig) -> list[str]:
     return [f"{path}: {world_size} shard(s)", *str("\n".join(map(str, shards))).splitlines()]
 
 
-def _require_data(kind: WorkflowKind, cfg: WorkflowConfig) -> None:
+def _require_data(kind: KindSpec, cfg: WorkflowConfig) -> None:
     """What the run would refuse before training, the dry run refuses too (same codes)."""
     from reagent_lite.training.entry import check_input_paths
 
@@ -155,11 +148,10 @@ def _require_data(kind: WorkflowKind, cfg: WorkflowConfig) -> None:
         )
     from reagent_lite.data.readers import empty_like
     from reagent_lite.data.schema import check_columns
-    from reagent_lite.kinds import get_kind
 
     # The data's columns (and Parquet's types) without reading rows: a table that training
     # would reject fails the dry run too.
-    schema = get_kind(kind).schema(cfg)
+    schema = kind.load().schema(cfg)
     for path in (cfg.training_data_path, cfg.eval_data_path):
         if path is not None and Path(path).exists():
             table, typed = empty_like(path)

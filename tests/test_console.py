@@ -36,8 +36,9 @@ def console(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[
 
 @pytest.mark.parametrize(
     "command",
-    ["", "dqn", "parametric_dqn", "predict", "report", "timeline", "make-sample-data", "schema"],
-)
+    ["", "dqn", "parametric_dqn", "parametric-dqn", "predict", "report", "timeline",
+     "make-sample-data", "schema"],
+)  # fmt: skip
 def test_help_answers_without_importing_torch(command: str) -> None:
     args = [command, "--help"] if command else ["--help"]
     proc = subprocess.run(

@@ -79,9 +79,9 @@ def test_best_action_is_the_best_of_the_rows_candidates() -> None:
     candidate; the best of all actions only for a table without the column."""
     import torch
 
-    from reagent_lite.kinds import FeatureSpace, get_kind
+    from reagent_lite.kinds import DiscreteSpace, get_kind
 
-    space = FeatureSpace(state_ids=["0"], actions=["a", "b", "c"])
+    space = DiscreteSpace(state_ids=["0"], actions=["a", "b", "c"])
     q = torch.tensor([[3.0, 2.0, 1.0], [3.0, 2.0, 2.0], [1.0, 5.0, 0.0], [0.0, 1.0, 9.0]])
 
     def program(values: torch.Tensor, presence: torch.Tensor) -> torch.Tensor:

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from reagent_lite.evaluation.online import rollout_exported_model
-from reagent_lite.kinds import FeatureSpace, get_kind
+from reagent_lite.kinds import get_kind
 from reagent_lite.report import draw_report
 from tests.conftest import run_module
 from tests.workflows.test_end_to_end import make_config
@@ -38,7 +38,7 @@ def test_rollout_is_deterministic_and_bounded(trained_run: Path) -> None:
         episodes=2,
         seed=7,
         kind=get_kind(meta["workflow"]),
-        space=FeatureSpace.from_json(meta),
+        space=get_kind(meta["workflow"]).space_type.from_json(meta),
     )
     first = rollout_exported_model(trained_run / "model.pt2", **kwargs)  # type: ignore[arg-type]
     again = rollout_exported_model(trained_run / "model.pt2", **kwargs)  # type: ignore[arg-type]

@@ -30,8 +30,6 @@ from reagent_lite.config.json_text import show as _show
 from reagent_lite.config.models import (
     BaseWorkflowConfig,
     ConfigProblem,
-    DQNWorkflowConfig,
-    ParametricDQNWorkflowConfig,
 )
 from reagent_lite.config.overrides import Overrides, apply_overrides
 from reagent_lite.errors import ConfigError
@@ -41,25 +39,13 @@ logger = logging.getLogger("reagent_lite.config")
 T = TypeVar("T", bound=BaseWorkflowConfig)
 
 
-def config_class(kind: str) -> type[DQNWorkflowConfig] | type[ParametricDQNWorkflowConfig]:
-    """The config model of workflow `kind` ("dqn" or "parametric_dqn")."""
-    if kind == "dqn":
-        return DQNWorkflowConfig
-    if kind == "parametric_dqn":
-        return ParametricDQNWorkflowConfig
-    raise ValueError(f"unknown workflow kind {kind!r}")
+def config_class(kind: str) -> type[BaseWorkflowConfig]:
+    """The config model of the registered workflow kind `kind` (`ConfigError` if unknown)."""
+    # Imported here: `reagent_lite.kinds` registers the shipped kinds with their config
+    # models, which import this package.
+    from reagent_lite.kinds.registry import resolve_kind
 
-
-def infer_kind(data: Any) -> str:
-    """The workflow a raw config is for: its `workflow` key, else dqn when it lists
-    `actions` (only dqn configs do), else parametric_dqn when it has a key only parametric
-    configs have; dqn otherwise (whose validation then names what is missing)."""
-    if isinstance(data, dict):
-        if data.get("workflow") in ("dqn", "parametric_dqn"):
-            return str(data["workflow"])
-        if "actions" not in data and {"action_norm_data_path", "max_candidates"} & data.keys():
-            return "parametric_dqn"
-    return "dqn"
+    return resolve_kind(kind).config
 
 
 def load_config(
@@ -203,28 +189,29 @@ def settings_without_effect(cfg: BaseWorkflowConfig) -> list[tuple[str, str]]:
 
 
 def _check_workflow_kind(data: dict[str, Any], cls: type[BaseModel], source: str) -> None:
-    # A config meant for the other workflow would otherwise surface as a confusing
+    # A config meant for another workflow would otherwise surface as a confusing
     # "unknown key: actions"; say what happened instead.
-    if cls is ParametricDQNWorkflowConfig:
-        is_other = data.get("workflow") == "dqn" or (
-            "actions" in data and data.get("workflow") in (None, "dqn")
-        )
-        if is_other:
-            raise ConfigError(
-                f"{source}: workflow: this is a dqn config (it has "
-                f"{'workflow: dqn' if data.get('workflow') == 'dqn' else 'actions'}); "
-                "run it with python -m workflows.dqn_workflow, or remove `actions` and "
-                'set "workflow": "parametric_dqn" (got '
-                f"{_show(data.get('workflow', 'dqn'))})"
-            )
-    elif cls is DQNWorkflowConfig:
-        markers = {"action_norm_data_path", "max_candidates"} & data.keys()
-        if data.get("workflow") == "parametric_dqn" or (markers and "actions" not in data):
-            raise ConfigError(
-                f"{source}: workflow: this is a parametric_dqn config; run it with "
-                "python -m workflows.parametric_dqn_workflow "
-                f"(got {_show(data.get('workflow', sorted(markers)))})"
-            )
+    from reagent_lite.kinds.registry import kind_names, resolve_kind, spec_of_config
+    from reagent_lite.kinds.registry import specs as kind_specs
+
+    mine = spec_of_config(cls) if issubclass(cls, BaseWorkflowConfig) else None
+    if mine is None:
+        return
+    claimed = data.get("workflow", mine.name)
+    if isinstance(claimed, str) and claimed != mine.name and claimed in kind_names():
+        other, evidence = resolve_kind(claimed), f"workflow: {claimed}"
+    elif claimed == mine.name and not mine.markers & data.keys():
+        found = [s for s in kind_specs() if s is not mine and s.markers & data.keys()]
+        if not found:
+            return
+        other, evidence = found[0], ", ".join(sorted(found[0].markers & data.keys()))
+    else:
+        return
+    raise ConfigError(
+        f"{source}: workflow: this is a {other.name} config (it has {evidence}); run it with "
+        f"{other.command}, or make it a {mine.name} config ({mine.command}) "
+        f"(got {_show(data.get('workflow', other.name))})"
+    )
 
 
 def format_validation_error(exc: ValidationError, source: str, cls: type[BaseModel]) -> str:

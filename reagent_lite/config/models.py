@@ -853,4 +853,5 @@ class ParametricDQNWorkflowConfig(BaseWorkflowConfig):
         return True
 
 
-WorkflowConfig = DQNWorkflowConfig | ParametricDQNWorkflowConfig
+# Any registered kind's config (`kinds/registry.py`): the shared code reads only what they share.
+WorkflowConfig = BaseWorkflowConfig

@@ -40,7 +40,7 @@ def rollout_exported_model(
 ) -> dict[str, Any]:
     """Greedy rollouts of the exported model; returns mean/median/std of the returns.
     (`kind` and `space` of a finished run: `get_kind(meta["workflow"])`,
-    `FeatureSpace.from_json(meta)` of its `model_meta.json`.)"""
+    `kind.space_type.from_json(meta)` of its `model_meta.json`.)"""
     import gymnasium as gym
 
     program = load_program(model_path, "online check").module()

@@ -13,7 +13,8 @@ never branches on a kind's name. A kind declares:
   shapes and the signature written into `model_meta.json`; a greedy actor for online
   rollouts in a gymnasium environment.
 
-Adding a kind means one module with a subclass of `Kind`, registered in `kinds/__init__.py`.
+Adding a kind means one module with a subclass of `Kind` (and its `FeatureSpace`
+extension), registered with one `register_kind` call (`kinds/registry.py`).
 """
 
 from __future__ import annotations
@@ -21,12 +22,13 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Generic, TypeVar
+from typing import Any, ClassVar, Generic, Self
 
 import numpy as np
 import pyarrow as pa
 import torch
 from torch import Tensor, nn
+from typing_extensions import TypeVar
 
 from reagent_lite.config import BaseWorkflowConfig
 from reagent_lite.data.disk_stream import DiskShardStream
@@ -52,34 +54,83 @@ Actor = Callable[[Tensor, Tensor], int]
 
 @dataclass
 class FeatureSpace:
-    """Feature ids (in tensor order) agreed by every rank."""
+    """Feature ids (in tensor order) agreed by every rank: the state's here; each kind
+    extends it with what its actions need (`DiscreteSpace`, `ParametricSpace`)."""
 
     state_ids: list[str]
-    actions: list[str] = field(default_factory=list)  # dqn: action names
-    action_ids: list[str] = field(default_factory=list)  # parametric: action feature ids
-    max_candidates: int = 0  # parametric: padded candidate-set size
+
+    def to_json(self) -> dict[str, Any]:
+        """The space as `model_meta.json` and checkpoints hold it."""
+        return {"state_feature_ids": self.state_ids}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> Self:
+        """The space `to_json` wrote (also read from a run's `model_meta.json`)."""
+        return cls(state_ids=list(data["state_feature_ids"]))
+
+    def ids(self, group: str) -> list[str]:
+        """The feature ids a preprocessor group ("state"; a kind may add others) normalizes."""
+        if group != "state":
+            raise KeyError(f"{type(self).__name__} has no feature group {group!r}")
+        return self.state_ids
+
+    def q_outputs(self) -> int:
+        """Q-values the network computes per row it is fed (memory estimate)."""
+        return 1
+
+    def rows_per_state(self) -> int:
+        """Network rows per state: 1, or the padded candidates scored for it."""
+        return 1
+
+
+@dataclass
+class DiscreteSpace(FeatureSpace):
+    """A state's features and a fixed list of named actions (one Q-value each)."""
+
+    actions: list[str] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        return {**super().to_json(), "actions": self.actions}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> Self:
+        return cls(state_ids=list(data["state_feature_ids"]), actions=list(data["actions"]))
+
+    def q_outputs(self) -> int:
+        return max(1, len(self.actions))
+
+
+@dataclass
+class ParametricSpace(FeatureSpace):
+    """A state's features, the action features and the padded candidate-set size."""
+
+    action_ids: list[str] = field(default_factory=list)
+    max_candidates: int = 0
 
     def to_json(self) -> dict[str, Any]:
         return {
-            "state_feature_ids": self.state_ids,
-            "actions": self.actions,
+            **super().to_json(),
             "action_feature_ids": self.action_ids,
             "max_candidates": self.max_candidates,
         }
 
     @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> FeatureSpace:
-        """The space `to_json` wrote (also read from a run's `model_meta.json`)."""
+    def from_json(cls, data: Mapping[str, Any]) -> Self:
         return cls(
             state_ids=list(data["state_feature_ids"]),
-            actions=list(data.get("actions") or []),
-            action_ids=list(data.get("action_feature_ids") or []),
-            max_candidates=int(data.get("max_candidates") or 0),
+            action_ids=list(data["action_feature_ids"]),
+            max_candidates=int(data["max_candidates"]),
         )
 
     def ids(self, group: str) -> list[str]:
-        """The feature ids a preprocessor group ("state" or "action") normalizes."""
-        return self.state_ids if group == "state" else self.action_ids
+        return self.action_ids if group == "action" else super().ids(group)
+
+    def rows_per_state(self) -> int:
+        return max(1, self.max_candidates)
+
+
+# The kind's feature space (a kind that names none reads only the state's ids).
+S = TypeVar("S", bound=FeatureSpace, default=FeatureSpace)
 
 
 def numeric_sorted(ids: set[str]) -> list[str]:
@@ -109,10 +160,14 @@ def sample_nan_rows(values: Tensor, n: int, seed: int) -> np.ndarray:
         return values[keep].numpy().astype(np.float64)
 
 
-class Kind(ABC, Generic[C]):
+class Kind(ABC, Generic[C, S]):
     """One workflow kind (see the module notes). Stateless: one instance serves every run."""
 
     name: ClassVar[str]
+    # The kind's feature space S (what `agree_space` returns, `model_meta.json` holds).
+    space_type: ClassVar[type[FeatureSpace]] = FeatureSpace
+    # The fields its trainer reads from a batch (a Protocol): `training_tensors` holds them.
+    batch_type: ClassVar[type]
     # The columns scoring with the served model reads (`predict`).
     scoring_fields: ClassVar[tuple[Field, ...]]
     # How the served model is called, for `model_meta.json`.
@@ -124,16 +179,16 @@ class Kind(ABC, Generic[C]):
         """The columns of the kind's tables and the rules their rows obey (validation)."""
 
     @abstractmethod
-    def layout(self, cfg: C, space: FeatureSpace | None = None) -> Layout[Any]:
+    def layout(self, cfg: C, space: S | None = None) -> Layout[Any]:
         """How the kind's tables are ingested (`data/ingest.py`); with `space`, conformed
         to it (its ids first, ids outside it dropped, its K of candidates)."""
 
     @abstractmethod
-    def agree_space(self, ctx: DistContext, cfg: C, shard: IngestedShard) -> FeatureSpace:
+    def agree_space(self, ctx: DistContext, cfg: C, shard: IngestedShard) -> S:
         """The feature space every rank agrees on, from what this rank's shard showed."""
 
     @abstractmethod
-    def scan_space(self, ctx: DistContext, cfg: C, units: list[ShardPiece]) -> FeatureSpace:
+    def scan_space(self, ctx: DistContext, cfg: C, units: list[ShardPiece]) -> S:
         """The agreed feature space from a keys-only scan of the shard's units."""
 
     @abstractmethod
@@ -151,7 +206,7 @@ class Kind(ABC, Generic[C]):
 
     def load_shard(
         self, ctx: DistContext, cfg: C, path: str, parts: list[tuple[int, int]]
-    ) -> tuple[FeatureSpace, IngestedShard]:
+    ) -> tuple[S, IngestedShard]:
         """This rank's shard (`parts`: the (rank, world) shards to lay end to end, normally
         one), ingested and conformed to the feature space the ranks agree on here."""
         shard = ingest(path, parts, self.layout(cfg))
@@ -161,13 +216,11 @@ class Kind(ABC, Generic[C]):
         conform(shard)
         return space, shard
 
-    def load_window(
-        self, cfg: C, space: FeatureSpace, units: Sequence[ShardPiece]
-    ) -> IngestedShard:
+    def load_window(self, cfg: C, space: S, units: Sequence[ShardPiece]) -> IngestedShard:
         """A window of units (`stream_from_disk`), ingested in `space`."""
         return load_units(units, self.layout(cfg, space))
 
-    def load_table(self, cfg: C, space: FeatureSpace, path: str) -> IngestedShard:
+    def load_table(self, cfg: C, space: S, path: str) -> IngestedShard:
         """A whole table (an eval table) in the training run's feature space: features the
         training data never had are ignored, candidate lists longer than its K are an error
         naming `path`, as are rows that break the kind's schema."""
@@ -175,10 +228,10 @@ class Kind(ABC, Generic[C]):
 
     # ------------------------------------------------------------- networks
     @abstractmethod
-    def build_q_network(self, cfg: C, dims: dict[str, int], space: FeatureSpace) -> nn.Module:
+    def build_q_network(self, cfg: C, dims: dict[str, int], space: S) -> nn.Module:
         """The Q-network; `dims`: the width of each preprocessor group's output."""
 
-    def build_policy_network(self, cfg: C, dims: dict[str, int], space: FeatureSpace) -> nn.Module:
+    def build_policy_network(self, cfg: C, dims: dict[str, int], space: S) -> nn.Module:
         """The network the run trains and exports: the Q-network, or what the config wraps
         around it (the dqn kind's BCQ imitation network); side models (CPE) are plain
         `build_q_network`s."""
@@ -186,7 +239,7 @@ class Kind(ABC, Generic[C]):
 
     @abstractmethod
     def build_trainer(
-        self, q_net: nn.Module, cfg: C, space: FeatureSpace, unwrapped: nn.Module
+        self, q_net: nn.Module, cfg: C, space: S, unwrapped: nn.Module
     ) -> QLearningTrainer[Any]:
         """The trainer of `q_net` (possibly a DDP wrapper around `unwrapped`)."""
 
@@ -212,7 +265,7 @@ class Kind(ABC, Generic[C]):
         """Raw features in, Q out: what `model.pt2` holds."""
 
     @abstractmethod
-    def example_inputs(self, space: FeatureSpace, batch: int = 3) -> tuple[Tensor, ...]:
+    def example_inputs(self, space: S, batch: int = 3) -> tuple[Tensor, ...]:
         """Inputs of the serving module (export traces with them)."""
 
     @abstractmethod
@@ -225,7 +278,7 @@ class Kind(ABC, Generic[C]):
         program: Any,
         table: pa.Table,
         state: tuple[Tensor, Tensor],
-        space: FeatureSpace,
+        space: S,
         batch_size: int,
         source: str,
     ) -> pa.Table:
@@ -233,13 +286,13 @@ class Kind(ABC, Generic[C]):
         table's state values and presence in `space`'s order."""
 
     @abstractmethod
-    def greedy_actor(self, program: Any, space: FeatureSpace, n_env_actions: int) -> Actor:
+    def greedy_actor(self, program: Any, space: S, n_env_actions: int) -> Actor:
         """The exported program as a greedy policy over an environment's actions."""
 
     # ---------------------------------------------------------- disk streaming
     def open_disk_sample(
         self, ctx: DistContext, cfg: C, path: str
-    ) -> tuple[FeatureSpace, IngestedShard, list[ShardPiece]]:
+    ) -> tuple[S, IngestedShard, list[ShardPiece]]:
         """`stream_from_disk`: the feature space (from a keys-only scan of the shard, agreed
         by the ranks), a raw sample of a few seeded row groups (normalization is fitted on
         it; normalized, it is the column template the step runner sizes its buffers from)
@@ -267,7 +320,7 @@ class Kind(ABC, Generic[C]):
         ctx: DistContext,
         cfg: C,
         units: list[ShardPiece],
-        space: FeatureSpace,
+        space: S,
         pre: dict[str, Preprocessor],
     ) -> DiskShardStream:
         """The stream of training windows: each loaded, normalized in place and cut to the

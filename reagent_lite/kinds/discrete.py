@@ -33,15 +33,17 @@ from reagent_lite.data.tensordict import TensorDict
 from reagent_lite.data.validate import ShardValidation
 from reagent_lite.data.windows import scan_units
 from reagent_lite.distributed.context import DistContext
-from reagent_lite.kinds.base import Actor, FeatureSpace, Kind, agree_ids, sample_nan_rows
+from reagent_lite.kinds.base import Actor, DiscreteSpace, Kind, agree_ids, sample_nan_rows
 from reagent_lite.models import build_q_network
 from reagent_lite.models.bcq import BCQQNetwork
 from reagent_lite.normalization.module import Preprocessor
-from reagent_lite.trainers.dqn import DQNTrainer
+from reagent_lite.trainers.dqn import DiscreteBatch, DQNTrainer
 
 
-class DiscreteKind(Kind[DQNWorkflowConfig]):
+class DiscreteKind(Kind[DQNWorkflowConfig, DiscreteSpace]):
     name = "dqn"
+    space_type = DiscreteSpace
+    batch_type = DiscreteBatch
     scoring_fields: ClassVar[tuple[Field, ...]] = (STATE_FIELD,)
     signature: ClassVar[dict[str, Any]] = {
         "inputs": ["state_values [B,F]", "state_presence [B,F]"],
@@ -53,7 +55,7 @@ class DiscreteKind(Kind[DQNWorkflowConfig]):
         return dqn_schema(list(cfg.actions))
 
     def layout(
-        self, cfg: DQNWorkflowConfig, space: FeatureSpace | None = None
+        self, cfg: DQNWorkflowConfig, space: DiscreteSpace | None = None
     ) -> Layout[DiscreteShard]:
         actions, ids = list(cfg.actions), space.state_ids if space is not None else []
 
@@ -79,14 +81,14 @@ class DiscreteKind(Kind[DQNWorkflowConfig]):
 
     def agree_space(
         self, ctx: DistContext, cfg: DQNWorkflowConfig, shard: IngestedShard
-    ) -> FeatureSpace:
-        return FeatureSpace(state_ids=agree_ids(ctx, shard.state_ids), actions=list(cfg.actions))
+    ) -> DiscreteSpace:
+        return DiscreteSpace(state_ids=agree_ids(ctx, shard.state_ids), actions=list(cfg.actions))
 
     def scan_space(
         self, ctx: DistContext, cfg: DQNWorkflowConfig, units: list[ShardPiece]
-    ) -> FeatureSpace:
+    ) -> DiscreteSpace:
         ids = scan_units(units, {"state": STATE_COLUMNS})[0]["state"]
-        return FeatureSpace(state_ids=agree_ids(ctx, ids), actions=list(cfg.actions))
+        return DiscreteSpace(state_ids=agree_ids(ctx, ids), actions=list(cfg.actions))
 
     def norm_files(self, cfg: DQNWorkflowConfig) -> dict[str, str | None]:
         return {"state": cfg.state_norm_data_path}
@@ -103,7 +105,7 @@ class DiscreteKind(Kind[DQNWorkflowConfig]):
 
     # ------------------------------------------------------------- networks
     def build_q_network(
-        self, cfg: DQNWorkflowConfig, dims: dict[str, int], space: FeatureSpace
+        self, cfg: DQNWorkflowConfig, dims: dict[str, int], space: DiscreteSpace
     ) -> nn.Module:
         t = cfg.training
         return build_q_network(
@@ -117,7 +119,7 @@ class DiscreteKind(Kind[DQNWorkflowConfig]):
         )
 
     def build_policy_network(
-        self, cfg: DQNWorkflowConfig, dims: dict[str, int], space: FeatureSpace
+        self, cfg: DQNWorkflowConfig, dims: dict[str, int], space: DiscreteSpace
     ) -> nn.Module:
         q_net = self.build_q_network(cfg, dims, space)
         threshold = cfg.rainbow.bcq_drop_threshold
@@ -136,7 +138,7 @@ class DiscreteKind(Kind[DQNWorkflowConfig]):
         return BCQQNetwork(q_net, imitator, threshold)
 
     def build_trainer(
-        self, q_net: nn.Module, cfg: DQNWorkflowConfig, space: FeatureSpace, unwrapped: nn.Module
+        self, q_net: nn.Module, cfg: DQNWorkflowConfig, space: DiscreteSpace, unwrapped: nn.Module
     ) -> DQNTrainer:
         return DQNTrainer.from_config(q_net, cfg, unwrapped=unwrapped)
 
@@ -152,7 +154,7 @@ class DiscreteKind(Kind[DQNWorkflowConfig]):
     def serving_module(self, pre: dict[str, Preprocessor], q_net: nn.Module) -> nn.Module:
         return DiscreteServingModule(pre["state"], q_net)
 
-    def example_inputs(self, space: FeatureSpace, batch: int = 3) -> tuple[Tensor, ...]:
+    def example_inputs(self, space: DiscreteSpace, batch: int = 3) -> tuple[Tensor, ...]:
         gen = torch.Generator().manual_seed(0)
         n = len(space.state_ids)
         return (torch.randn(batch, n, generator=gen), torch.ones(batch, n))
@@ -166,7 +168,7 @@ class DiscreteKind(Kind[DQNWorkflowConfig]):
         program: Any,
         table: pa.Table,
         state: tuple[Tensor, Tensor],
-        space: FeatureSpace,
+        space: DiscreteSpace,
         batch_size: int,
         source: str,
     ) -> pa.Table:
@@ -188,7 +190,7 @@ class DiscreteKind(Kind[DQNWorkflowConfig]):
             "q_values", pa.array(list(q), type=pa.list_(pa.float32()))
         ).append_column("best_action", pa.array(best.tolist(), type=pa.string()))
 
-    def greedy_actor(self, program: Any, space: FeatureSpace, n_env_actions: int) -> Actor:
+    def greedy_actor(self, program: Any, space: DiscreteSpace, n_env_actions: int) -> Actor:
         # Action names that are integers name the environment's action; others go by position.
         env_action = [int(a) if a.isdigit() else i for i, a in enumerate(space.actions)]
 

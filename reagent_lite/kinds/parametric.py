@@ -39,10 +39,10 @@ from reagent_lite.data.shard_builder import IngestedShard
 from reagent_lite.data.tensordict import TensorDict
 from reagent_lite.data.windows import scan_units
 from reagent_lite.distributed.context import DistContext
-from reagent_lite.kinds.base import Actor, FeatureSpace, Kind, agree_ids, sample_nan_rows
+from reagent_lite.kinds.base import Actor, Kind, ParametricSpace, agree_ids, sample_nan_rows
 from reagent_lite.models.parametric import ParametricQNetwork
 from reagent_lite.normalization.module import Preprocessor
-from reagent_lite.trainers.parametric_dqn import ParametricDQNTrainer
+from reagent_lite.trainers.parametric_dqn import ParametricBatch, ParametricDQNTrainer
 
 _Cfg = ParametricDQNWorkflowConfig
 
@@ -61,8 +61,10 @@ PARAMETRIC_SCHEMA = transition_schema(
 )  # fmt: skip
 
 
-class ParametricKind(Kind[ParametricDQNWorkflowConfig]):
+class ParametricKind(Kind[ParametricDQNWorkflowConfig, ParametricSpace]):
     name = "parametric_dqn"
+    space_type = ParametricSpace
+    batch_type = ParametricBatch
     scoring_fields: ClassVar[tuple[Field, ...]] = (STATE_FIELD, CANDIDATES_FIELD)
     signature: ClassVar[dict[str, Any]] = {
         "inputs": [
@@ -79,7 +81,7 @@ class ParametricKind(Kind[ParametricDQNWorkflowConfig]):
     def schema(self, cfg: _Cfg) -> TableSchema:
         return PARAMETRIC_SCHEMA
 
-    def layout(self, cfg: _Cfg, space: FeatureSpace | None = None) -> Layout[ParametricShard]:
+    def layout(self, cfg: _Cfg, space: ParametricSpace | None = None) -> Layout[ParametricShard]:
         state_ids = space.state_ids if space is not None else []
         action_ids = space.action_ids if space is not None else []
         k = space.max_candidates if space is not None else cfg.max_candidates
@@ -106,18 +108,18 @@ class ParametricKind(Kind[ParametricDQNWorkflowConfig]):
             null_propensity_as_one=cfg.null_propensity == "one",
         )
 
-    def agree_space(self, ctx: DistContext, cfg: _Cfg, shard: IngestedShard) -> FeatureSpace:
+    def agree_space(self, ctx: DistContext, cfg: _Cfg, shard: IngestedShard) -> ParametricSpace:
         assert isinstance(shard, ParametricShard)
-        return FeatureSpace(
+        return ParametricSpace(
             state_ids=agree_ids(ctx, shard.state_ids),
             action_ids=agree_ids(ctx, shard.action_ids),
             max_candidates=cfg.max_candidates or max(ctx.all_gather_object(shard.max_candidates)),
         )
 
-    def scan_space(self, ctx: DistContext, cfg: _Cfg, units: list[ShardPiece]) -> FeatureSpace:
+    def scan_space(self, ctx: DistContext, cfg: _Cfg, units: list[ShardPiece]) -> ParametricSpace:
         lists = () if cfg.max_candidates else CANDIDATE_COLUMNS
         ids, longest = scan_units(units, {"state": STATE_COLUMNS, "action": ("action",)}, lists)
-        return FeatureSpace(
+        return ParametricSpace(
             state_ids=agree_ids(ctx, ids["state"]),
             action_ids=agree_ids(ctx, ids["action"]),
             max_candidates=cfg.max_candidates or max(ctx.all_gather_object(longest)),
@@ -147,7 +149,7 @@ class ParametricKind(Kind[ParametricDQNWorkflowConfig]):
         return TensorDict({k: data[k] for k in PARAMETRIC_FIELDS})
 
     # ------------------------------------------------------------- networks
-    def build_q_network(self, cfg: _Cfg, dims: dict[str, int], space: FeatureSpace) -> nn.Module:
+    def build_q_network(self, cfg: _Cfg, dims: dict[str, int], space: ParametricSpace) -> nn.Module:
         t = cfg.training
         return ParametricQNetwork(
             state_dim=dims["state"],
@@ -159,7 +161,7 @@ class ParametricKind(Kind[ParametricDQNWorkflowConfig]):
         )
 
     def build_trainer(
-        self, q_net: nn.Module, cfg: _Cfg, space: FeatureSpace, unwrapped: nn.Module
+        self, q_net: nn.Module, cfg: _Cfg, space: ParametricSpace, unwrapped: nn.Module
     ) -> ParametricDQNTrainer:
         return ParametricDQNTrainer.from_config(q_net, cfg, unwrapped=unwrapped)
 
@@ -178,7 +180,7 @@ class ParametricKind(Kind[ParametricDQNWorkflowConfig]):
     def serving_module(self, pre: dict[str, Preprocessor], q_net: nn.Module) -> nn.Module:
         return ParametricServingModule(pre["state"], pre["action"], q_net)
 
-    def example_inputs(self, space: FeatureSpace, batch: int = 3) -> tuple[Tensor, ...]:
+    def example_inputs(self, space: ParametricSpace, batch: int = 3) -> tuple[Tensor, ...]:
         gen = torch.Generator().manual_seed(0)
         n, g = len(space.state_ids), len(space.action_ids)
         # At least two candidates: a traced size of 1 would be specialised away.
@@ -209,7 +211,7 @@ class ParametricKind(Kind[ParametricDQNWorkflowConfig]):
         program: Any,
         table: pa.Table,
         state: tuple[Tensor, Tensor],
-        space: FeatureSpace,
+        space: ParametricSpace,
         batch_size: int,
         source: str,
     ) -> pa.Table:
@@ -235,7 +237,7 @@ class ParametricKind(Kind[ParametricDQNWorkflowConfig]):
             )
         )
 
-    def greedy_actor(self, program: Any, space: FeatureSpace, n_env_actions: int) -> Actor:
+    def greedy_actor(self, program: Any, space: ParametricSpace, n_env_actions: int) -> Actor:
         from reagent_lite.samples.gym_logging import action_feature_map
 
         g = len(space.action_ids)

@@ -25,9 +25,9 @@ def step_bytes(cfg: WorkflowConfig, in_width: int, space: FeatureSpace) -> int:
     """Parameters with their gradients, Adam moments and target copy, plus the
     activations of one micro-batch through the online and target networks."""
     t = cfg.training
-    widths = [in_width, *(w for w in t.layers[1:-1] if w > 0), max(1, len(space.actions))]
+    widths = [in_width, *(w for w in t.layers[1:-1] if w > 0), space.q_outputs()]
     params = sum(a * b + b for a, b in pairwise(widths))
-    rows = t.minibatch_size * max(1, space.max_candidates)
+    rows = t.minibatch_size * space.rows_per_state()
     activations = rows * sum(widths) * 3  # online forward + backward, target forward
     return (params * 5 + activations) * _FLOAT
 

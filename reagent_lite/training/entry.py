@@ -8,6 +8,7 @@ import os
 from collections.abc import Mapping
 from contextlib import nullcontext
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from reagent_lite.cli import WorkflowArgs, configure_logging
 from reagent_lite.config import WorkflowConfig
@@ -17,6 +18,9 @@ from reagent_lite.distributed.plan import LaunchPlan, plan_launch
 from reagent_lite.errors import ConfigError, ReagentLiteError
 from reagent_lite.io_utils import ensure_writable_dir
 from reagent_lite.training.ownership import OutputLock
+
+if TYPE_CHECKING:
+    from reagent_lite.kinds.base import Kind
 
 log = logging.getLogger("reagent_lite")
 
@@ -117,13 +121,14 @@ def check_input_paths(cfg: WorkflowConfig, *, will_generate: bool) -> None:
 
 
 def run_training(
-    kind: str, cfg: WorkflowConfig, args: WorkflowArgs, *, cli_logging: bool = False
+    kind: Kind[Any], cfg: WorkflowConfig, args: WorkflowArgs, *, cli_logging: bool = False
 ) -> Path | None:
     """Trains as `cfg` says; the output directory when this node wrote the outputs (node 0),
-    else None. Errors are `ReagentLiteError`s (or `WorkerError` for a bug)."""
+    else None. `kind`: the config's kind, resolved by the entry point (it travels to every
+    worker process). Errors are `ReagentLiteError`s (or `WorkerError` for a bug)."""
     plan = make_plan(cfg, args.node_index, args.run_id)
     setup_logging(plan.ranks[0] == 0, cli_logging)
-    log.info("%s workflow\n%s", kind, plan.describe())
+    log.info("%s workflow\n%s", kind.name, plan.describe())
     preflight(cfg, plan)
     # One run owns the output directory: the process of global rank 0 holds its lock.
     owner = OutputLock(Path(cfg.model_output_path)) if plan.ranks[0] == 0 else nullcontext()
@@ -158,7 +163,7 @@ def restarted_by_torchrun(env: Mapping[str, str]) -> bool:
 
 
 def run_worker(
-    ctx: DistContext, kind: str, cfg: WorkflowConfig, resume: bool, cli_logging: bool = False
+    ctx: DistContext, kind: Kind[Any], cfg: WorkflowConfig, resume: bool, cli_logging: bool = False
 ) -> None:
     """What every rank runs once its process group is up."""
     from reagent_lite.training.loop import Workflow

@@ -11,7 +11,7 @@ import numpy as np
 
 from reagent_lite.config import DQNWorkflowConfig, ParametricDQNWorkflowConfig
 from reagent_lite.data.ingest import Layout
-from reagent_lite.kinds import KINDS, FeatureSpace
+from reagent_lite.kinds import KINDS, DiscreteSpace, ParametricSpace
 from tests.data.test_validate import ACTIONS
 
 PATHS = {"training_data_path": "t.parquet", "model_output_path": "out"}
@@ -27,7 +27,7 @@ def dqn_layout(
         drop_bad_rows=drop,
         rl={"use_seq_num_diff_as_time_diff": time_diff},
     )
-    space = None if ids is None else FeatureSpace(list(ids), actions=ACTIONS)
+    space = None if ids is None else DiscreteSpace(list(ids), actions=ACTIONS)
     return KINDS["dqn"].layout(cfg, space)
 
 
@@ -50,7 +50,7 @@ def parametric_layout(
     )
     space = None
     if state_ids is not None:
-        space = FeatureSpace(list(state_ids), action_ids=list(action_ids), max_candidates=k)
+        space = ParametricSpace(list(state_ids), action_ids=list(action_ids), max_candidates=k)
     return KINDS["parametric_dqn"].layout(cfg, space)
 
 

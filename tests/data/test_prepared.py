@@ -35,7 +35,7 @@ from reagent_lite.data.prepared import (
 from reagent_lite.data.readers import ShardPiece
 from reagent_lite.data.windows import stream_units
 from reagent_lite.distributed.context import DistContext
-from reagent_lite.kinds import KINDS, FeatureSpace
+from reagent_lite.kinds import KINDS
 from reagent_lite.normalization.params import NormalizationParameters, save_normalization
 from reagent_lite.training.loop import Workflow
 from tests.conftest import REPO_ROOT
@@ -266,9 +266,12 @@ def test_layout_reads_only_the_settings_in_the_prepared_key(tmp_path: Path, kind
     units prepared under another value: the layout (schema, builder, conform) may read
     only `ingest_settings` and what the feature space holds."""
     cfg: BaseWorkflowConfig = (_cfg if kind == "dqn" else _pcfg)(tmp_path, tmp_path)
-    space = FeatureSpace(["0", "1"], actions=["L", "R"], action_ids=["100"], max_candidates=3)
-    seen: set[str] = set()
     k = KINDS[kind]
+    space = k.space_type.from_json(
+        {"state_feature_ids": ["0", "1"], "actions": ["L", "R"], "action_feature_ids": ["100"],
+         "max_candidates": 3}
+    )  # fmt: skip
+    seen: set[str] = set()
     layout = k.layout(_Recorder(cfg, seen), space)  # type: ignore[arg-type]
     layout.builder(8, "x")
     assert seen - {"actions"} <= set(k.ingest_settings(cfg)), seen  # actions: in the space

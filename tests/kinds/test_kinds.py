@@ -2,12 +2,21 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
+from typing_extensions import get_protocol_members
 
-from reagent_lite.config import DQNWorkflowConfig, ParametricDQNWorkflowConfig, config_from_dict
+from reagent_lite.config import (
+    BaseWorkflowConfig,
+    DQNWorkflowConfig,
+    ParametricDQNWorkflowConfig,
+    config_from_dict,
+)
+from reagent_lite.distributed.context import DistContext
 from reagent_lite.errors import ConfigError
-from reagent_lite.kinds import KINDS, FeatureSpace, get_kind
+from reagent_lite.kinds import KINDS, DiscreteSpace, ParametricSpace, get_kind
 from reagent_lite.models.dueling import DuelingQNetwork
 from reagent_lite.normalization.identify import fit_normalization
 from reagent_lite.normalization.module import Preprocessor
@@ -36,7 +45,7 @@ def test_discrete_network_and_trainer_from_a_horizon_style_config() -> None:
         DQNWorkflowConfig,
     )  # fmt: skip
     kind = get_kind("dqn")
-    space = FeatureSpace(state_ids=["0", "1", "2", "3"], actions=list(cfg.actions))
+    space = DiscreteSpace(state_ids=["0", "1", "2", "3"], actions=list(cfg.actions))
     net = kind.build_q_network(cfg, {"state": 4}, space)
     assert isinstance(net, DuelingQNetwork)
     assert net(torch.randn(2, 4)).shape == (2, 3)
@@ -59,7 +68,7 @@ def test_parametric_network_and_trainer_from_config() -> None:
         training={"layers": [-1, 8, -1], "activations": ["relu", "linear"], "optimizer": "sgd"},
     )
     kind = get_kind("parametric_dqn")
-    space = FeatureSpace(state_ids=["0"] * 4, action_ids=["10", "11"], max_candidates=5)
+    space = ParametricSpace(state_ids=["0"] * 4, action_ids=["10", "11"], max_candidates=5)
     net = kind.build_q_network(cfg, {"state": 4, "action": 2}, space)
     assert net(torch.randn(3, 4), torch.randn(3, 5, 2)).shape == (3, 5)
     trainer = kind.build_trainer(net, cfg, space, net)
@@ -71,13 +80,14 @@ def test_parametric_network_and_trainer_from_config() -> None:
 @pytest.mark.parametrize("name", sorted(KINDS))
 def test_serving_module_takes_its_example_inputs_with_any_batch(name: str) -> None:
     kind = get_kind(name)
-    space = FeatureSpace(
-        state_ids=["0", "1"], actions=["x", "y"], action_ids=["5"], max_candidates=1
-    )
+    space = kind.space_type.from_json(
+        {"state_feature_ids": ["0", "1"], "actions": ["x", "y"], "action_feature_ids": ["5"],
+         "max_candidates": 1}
+    )  # fmt: skip
     dims = {"state": 2, "action": 1}
     pre = {
         group: Preprocessor(ids, fit_normalization(torch.randn(50, len(ids)).double().numpy(), ids))
-        for group, ids in (("state", space.state_ids), ("action", space.action_ids))
+        for group, ids in (("state", space.state_ids), ("action", ["5"]))
     }
     cfg_cls = DQNWorkflowConfig if name == "dqn" else ParametricDQNWorkflowConfig
     extra = {"actions": ["x", "y"]} if name == "dqn" else {}
@@ -97,7 +107,7 @@ def test_parametric_scoring_of_rows_without_any_candidate() -> None:
     import pyarrow as pa
 
     kind = get_kind("parametric_dqn")
-    space = FeatureSpace(state_ids=["0"], action_ids=["10"], max_candidates=2)
+    space = ParametricSpace(state_ids=["0"], action_ids=["10"], max_candidates=2)
     table = pa.table({"state_features": pa.nulls(3), "possible_actions": pa.nulls(3)})
     seen: list[tuple[int, ...]] = []
 
@@ -110,3 +120,46 @@ def test_parametric_scoring_of_rows_without_any_candidate() -> None:
     assert out.column("candidate_scores").to_pylist() == [[], [], []]
     assert out.column("best_candidate").to_pylist() == [None, None, None]
     assert seen == [(2, 1, 1), (1, 1, 1)]  # two row batches, one empty candidate slot each
+
+
+def test_each_kind_has_a_feature_space_of_its_own_fields() -> None:
+    d = DiscreteSpace(state_ids=["0"], actions=["a", "b"])
+    p = ParametricSpace(state_ids=["0"], action_ids=["9"], max_candidates=4)
+    assert d.to_json() == {"state_feature_ids": ["0"], "actions": ["a", "b"]}
+    assert p.to_json() == {
+        "state_feature_ids": ["0"], "action_feature_ids": ["9"], "max_candidates": 4
+    }  # fmt: skip
+    # model_meta.json is read back into the kind's own space.
+    assert get_kind("dqn").space_type.from_json(d.to_json()) == d
+    assert get_kind("parametric_dqn").space_type.from_json(p.to_json()) == p
+    assert not hasattr(d, "action_ids") and not hasattr(p, "actions")
+    assert p.ids("action") == ["9"] and d.ids("state") == ["0"]
+    with pytest.raises(KeyError, match="no feature group 'action'"):
+        d.ids("action")
+    # What the memory estimate reads: Q-values per network row, network rows per state.
+    assert (d.q_outputs(), d.rows_per_state(), p.q_outputs(), p.rows_per_state()) == (2, 1, 1, 4)
+
+
+@pytest.mark.parametrize("name", sorted(KINDS))
+def test_a_kinds_training_tensors_hold_every_field_of_its_batch_type(
+    name: str, tmp_path: Path
+) -> None:
+    from tests.data.test_ingest import ACTIONS, rows, write
+    from tests.data.test_ingest_parametric import parametric_rows, write_parametric
+
+    kind, path = get_kind(name), tmp_path / "t.parquet"
+    cfg: BaseWorkflowConfig
+    if name == "dqn":
+        cfg = DQNWorkflowConfig(**PATHS, actions=ACTIONS)
+        write(path, rows(40), 16)
+    else:
+        cfg = ParametricDQNWorkflowConfig(**PATHS)
+        write_parametric(path, parametric_rows(40), 16)
+    space, shard = kind.load_shard(DistContext.single("cpu"), cfg, str(path), [(0, 1)])
+    pre = {
+        group: Preprocessor(space.ids(group), fit_normalization(sample, space.ids(group)))
+        for group, sample in kind.norm_samples(shard, 100, 0).items()
+    }
+    tensors = kind.training_tensors(shard, pre)
+    assert isinstance(space, kind.space_type)
+    assert get_protocol_members(kind.batch_type) <= set(tensors.keys())

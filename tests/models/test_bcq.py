@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from reagent_lite.export import export_program
-from reagent_lite.kinds import FeatureSpace, get_kind
+from reagent_lite.kinds import DiscreteSpace, get_kind
 from reagent_lite.models.bcq import BCQQNetwork
 from reagent_lite.normalization.identify import fit_normalization
 from reagent_lite.normalization.module import Preprocessor
@@ -57,7 +57,7 @@ def test_model_pt2_and_predict_serve_the_masked_policy() -> None:
     among a row's candidates."""
     logp = [[math.log(0.6), math.log(0.3), math.log(0.1)], [math.log(0.1)] * 2 + [math.log(0.8)]]
     net = BCQQNetwork(fixed([[1.0, 2.0, 5.0], [7.0, 3.0, 0.0]]), fixed(logp), 0.4).eval()
-    kind, space = get_kind("dqn"), FeatureSpace(state_ids=["0"], actions=["a", "b", "c"])
+    kind, space = get_kind("dqn"), DiscreteSpace(state_ids=["0"], actions=["a", "b", "c"])
     # An identity normalization would need a fitted one: fit on states spread over [0, 1]
     # and feed states that normalize to 0 and 1.
     norm = fit_normalization(torch.rand(200, 1).double().numpy(), ["0"])

@@ -5,7 +5,7 @@ import torch
 
 from reagent_lite.errors import ConfigError
 from reagent_lite.export import export_program
-from reagent_lite.kinds import FeatureSpace, get_kind
+from reagent_lite.kinds import DiscreteSpace, get_kind
 from reagent_lite.models import MLP, build_q_network, resolve_layer_sizes
 from reagent_lite.models.traced import ForwardOptions, traced_variant
 from reagent_lite.normalization.identify import fit_normalization
@@ -155,7 +155,7 @@ def test_the_exported_model_keeps_the_linear_layer() -> None:
     """`export_program` (non-strict, no Dynamo) writes the plain forward: `aten.linear`
     for the thin output layer too, no product-and-sum."""
     net = build_q_network(in_dim=2, n_actions=3, layers=[-1, 8, -1], activations=["relu", "linear"])
-    kind, space = get_kind("dqn"), FeatureSpace(state_ids=["0", "1"], actions=["a", "b", "c"])
+    kind, space = get_kind("dqn"), DiscreteSpace(state_ids=["0", "1"], actions=["a", "b", "c"])
     pre = Preprocessor(
         ["0", "1"], fit_normalization(torch.rand(200, 2).double().numpy(), ["0", "1"])
     )

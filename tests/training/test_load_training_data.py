@@ -128,7 +128,7 @@ def test_parametric_training_tensors_hold_the_rows(
     state_ids, action_ids = _ids(data, "state_features"), _ids(data, "action")
     k = max_candidates or 6
     assert wf.space.to_json() == {
-        "state_feature_ids": state_ids, "actions": [], "action_feature_ids": action_ids,
+        "state_feature_ids": state_ids, "action_feature_ids": action_ids,
         "max_candidates": k,
     }  # fmt: skip
     assert "11" in state_ids and "150" not in action_ids
