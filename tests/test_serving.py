@@ -139,12 +139,12 @@ def test_dqn_model_of_one_action_and_rows_of_one_possible_action(
     more, through torch.export.save / load; rows whose `possible_actions` hold one action."""
     from reagent_lite.config import DQNWorkflowConfig
     from reagent_lite.export import export_program
-    from reagent_lite.kinds import FeatureSpace, get_kind
+    from reagent_lite.kinds import DiscreteSpace, get_kind
     from reagent_lite.normalization.identify import fit_normalization
     from reagent_lite.normalization.module import Preprocessor
 
     kind, ids = get_kind("dqn"), ["0", "1", "2"]
-    space = FeatureSpace(state_ids=ids, actions=["only"])
+    space = DiscreteSpace(state_ids=ids, actions=["only"])
     pre = Preprocessor(ids, fit_normalization(np.random.default_rng(0).normal(size=(50, 3)), ids))
     cfg = DQNWorkflowConfig(training_data_path="t", model_output_path="o", actions=["only"])
     net = kind.build_q_network(cfg, {"state": 3}, space)
@@ -205,12 +205,19 @@ def test_meta_that_does_not_describe_the_program_is_refused(
     other) but not the program's inputs: refused before scoring, naming both files."""
     source = dqn_dir if change in ("one_action_more", "other_kind") else parametric_dir
     meta = _meta(source)
+    # Each meta holds its own kind's fields only: built for the chosen change alone.
     changes: dict[str, Any] = {
-        "one_state_feature_fewer": {"state_feature_ids": meta["state_feature_ids"][:-1]},
-        "one_action_feature_more": {"action_feature_ids": [*meta["action_feature_ids"], "999"]},
-        "one_action_more": {"actions": [*meta["actions"], "2"]},
-        "other_kind": {"workflow": "parametric_dqn", "action_feature_ids": ["5"]},
-    }[change]
+        "one_state_feature_fewer": lambda: {"state_feature_ids": meta["state_feature_ids"][:-1]},
+        "one_action_feature_more": lambda: {
+            "action_feature_ids": [*meta["action_feature_ids"], "999"]
+        },
+        "one_action_more": lambda: {"actions": [*meta["actions"], "2"]},
+        "other_kind": lambda: {
+            "workflow": "parametric_dqn",
+            "action_feature_ids": ["5"],
+            "max_candidates": 2,
+        },
+    }[change]()
     copied = _copy(source, tmp_path / change, **changes)
     expected = {
         "one_state_feature_fewer": r"input 'state_values' has \d+ entries in dimension 1, but"
