@@ -36,6 +36,7 @@ from reagent_lite.training.divergence import probe_rows, q_bound
 from reagent_lite.training.epochs import train_epochs
 from reagent_lite.training.graphs import ddp_construction
 from reagent_lite.training.host_memory import keep_freed_memory
+from reagent_lite.training.inputs import Fingerprint, fingerprint
 from reagent_lite.training.metrics import MetricsWriter
 from reagent_lite.training.ownership import begin_run, check_same_job
 from reagent_lite.training.preemption import StopPoints, StopSignals
@@ -97,6 +98,15 @@ class Workflow:
     def setup(self) -> None:
         cfg, ctx = self.cfg, self.ctx
         check_same_job(ctx, cfg.model_dump(mode="json"), self.resume)
+        # The run is recorded before any work: a fresh run that dies while loading its
+        # data must not leave run.json naming an earlier run for the next --resume. And
+        # what it trains on, as found before reading it (checkpoints keep it: inputs.py).
+        begun: tuple[str, Fingerprint] = ctx.broadcast_object(
+            (begin_run(self.output_dir, resume=self.resume), fingerprint(cfg))
+            if ctx.is_rank_zero
+            else None
+        )
+        run_id, inputs = begun
         torch.manual_seed(cfg.seed)
         self.load_training_data()
         if cfg.device_resident_data:
@@ -123,10 +133,6 @@ class Workflow:
             how = keep_freed_memory()
             if ctx.is_rank_zero:
                 log.info("host memory: %s", how)
-        # Every rank knows the run (restore checks the checkpoint's); only rank 0 records it.
-        run_id: str = ctx.broadcast_object(
-            begin_run(self.output_dir, resume=self.resume) if ctx.is_rank_zero else None
-        )
         metrics = None
         if ctx.is_rank_zero:
             metrics = MetricsWriter(
@@ -140,6 +146,7 @@ class Workflow:
             cfg=cfg,
             ctx=ctx,
             run_id=run_id,
+            inputs=inputs,
             output_dir=self.output_dir,
             space=self.space,
             q_net=q_net,

@@ -34,6 +34,7 @@ def checkpoint_state(run: Run, state: TrainState, epoch: int) -> dict[str, Any]:
         space=run.space.to_json(),
         run_id=run.run_id,
         config=run.config_json,
+        inputs=run.inputs,
     )
 
 
@@ -76,6 +77,7 @@ def restore(run: Run) -> TrainState:
         run.output_dir,
         run_id=run.run_id,
         config=run.config_json,
+        inputs=run.inputs,
         space=run.space.to_json(),
         q_net=run.q_net,
         trainer=run.trainer,

@@ -18,6 +18,7 @@ from reagent_lite.distributed.context import DistContext
 from reagent_lite.evaluation.cpe_models import CpeModelTrainer, CpeNets, EvaluatedPolicy
 from reagent_lite.kinds import FeatureSpace, Kind
 from reagent_lite.trainers.common import QLearningTrainer
+from reagent_lite.training.inputs import Fingerprint
 from reagent_lite.training.metrics import MetricsWriter
 
 
@@ -27,6 +28,7 @@ class Run:
     cfg: WorkflowConfig
     ctx: DistContext
     run_id: str
+    inputs: Fingerprint  # the files it trains on, as its checkpoints record them
     output_dir: Path
     space: FeatureSpace
     q_net: nn.Module  # the plain network (not its DDP/DataParallel wrapper)
