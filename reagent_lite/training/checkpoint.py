@@ -53,6 +53,8 @@ RESUMABLE_CHANGES = (
     "stream_prepared_dir",
     # The compiled loss is the same maths (float rounding aside), not another model.
     "training.compile",
+    # Whether a diverged run's model is written: resuming a finished run to export it.
+    "training.export_diverged_model",
 )
 
 

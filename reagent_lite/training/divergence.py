@@ -22,7 +22,7 @@ from reagent_lite.config.models import RLParameters
 from reagent_lite.data.tensordict import TensorDict
 from reagent_lite.distributed.context import DistContext
 from reagent_lite.kinds import Kind
-from reagent_lite.training.state import EpochRecord
+from reagent_lite.training.state import EpochRecord, TrainState
 
 log = logging.getLogger("reagent_lite")
 
@@ -30,6 +30,12 @@ log = logging.getLogger("reagent_lite")
 # overshoots a little where the data is thin; an order of magnitude is no overshoot.
 FACTOR = 2.0
 PROBE_ROWS = 4096
+# What to change, in the error of a run that ends diverged (cql_alpha=1.0 brought Horizon's
+# 2018-12 CartPole config on its own sample data from a diverged policy to a return of 143).
+REMEDIES = (
+    "e.g. training.cql_alpha=1.0 (or rainbow.bcq_drop_threshold, a lower "
+    "training.learning_rate or rl.gamma, fewer epochs)"
+)
 
 
 def q_bound(ctx: DistContext, reward: Tensor, rl: RLParameters) -> float | None:
@@ -89,3 +95,21 @@ def check_q_values(
                 bound,
             )
     return out
+
+
+def ended_diverged(state: TrainState) -> str | None:
+    """What is wrong with a run whose last epoch is flagged `q_diverging` (rank 0's
+    records): the epoch the flags began and max|Q|; None when the last epoch is fine."""
+    if not state.history or not state.history[-1].get("q_diverging"):
+        return None
+    last = state.history[-1]
+    first = last["epoch"]
+    for record in reversed(state.history):
+        if not record.get("q_diverging"):
+            break
+        first = record["epoch"]
+    return (
+        f"the Q-network diverged: from epoch {first + 1} on its Q-values were beyond any "
+        f"return the rewards allow, reaching max|Q| {last['max_abs_q']:.4g} in the last "
+        f"epoch (bound max|r| / (1 - gamma) = {last['q_bound']:.4g})"
+    )

@@ -22,6 +22,7 @@ from reagent_lite.config import WorkflowConfig
 from reagent_lite.data.disk_stream import DiskShardStream
 from reagent_lite.data.tensordict import TensorDict
 from reagent_lite.distributed.context import DistContext
+from reagent_lite.errors import TrainingError
 from reagent_lite.evaluation.cpe_models import CpeModelTrainer, CpeNets, EvaluatedPolicy
 from reagent_lite.export import RunResult, write_outputs
 from reagent_lite.io_utils import output_errors
@@ -32,7 +33,7 @@ from reagent_lite.trainers.common import QLearningTrainer
 from reagent_lite.training import checkpoint as ckpt
 from reagent_lite.training import resuming
 from reagent_lite.training.budget import check_fits
-from reagent_lite.training.divergence import probe_rows, q_bound
+from reagent_lite.training.divergence import REMEDIES, ended_diverged, probe_rows, q_bound
 from reagent_lite.training.epochs import train_epochs
 from reagent_lite.training.graphs import ddp_construction
 from reagent_lite.training.host_memory import keep_freed_memory
@@ -319,6 +320,7 @@ class Workflow:
         )
 
     def save(self) -> Path | None:
+        self._refuse_diverged()
         if not self.ctx.is_rank_zero:
             return None
         metrics = self.run.metrics
@@ -331,6 +333,23 @@ class Workflow:
             if metrics is not None:
                 metrics.outputs_written()
         return model_path
+
+    def _refuse_diverged(self) -> None:
+        """A run that ends diverged exports nothing (divergence.py): every rank raises the
+        same `TrainingError`, as rank 0 decides from its records."""
+        why = ended_diverged(self.state) if self.ctx.is_rank_zero else None
+        if why is not None and self.cfg.training.export_diverged_model:
+            log.warning("training.export_diverged_model is on: writing model.pt2 although %s", why)
+            why = None
+        why = self.ctx.broadcast_object(why)
+        if why is not None:
+            refused = TrainingError(
+                f"{why}. A policy read from such values is not to be trusted, so model.pt2 "
+                f"was not written (the checkpoints are kept). Retrain with a remedy, "
+                f"{REMEDIES}, or set training.export_diverged_model=true to export it anyway"
+            )
+            refused.agreed_by_all_ranks = True  # every rank stops here, after training
+            raise refused
 
     def cleanup(self) -> None:
         run: Run | None = getattr(self, "run", None)  # None: setup did not get that far
