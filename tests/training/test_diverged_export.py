@@ -14,6 +14,7 @@ from reagent_lite.training import checkpoint as ckpt
 from tests.conftest import run_module
 from tests.data.test_ingest import ACTIONS, write
 from tests.training.runs import run_workflow, tiny_dqn_config
+from tests.workflows.nodes import Job
 
 
 def _data(path: Path, growth: float) -> Path:
@@ -93,6 +94,30 @@ def test_a_diverged_run_keeps_its_checkpoints_and_writes_no_model(tmp_path: Path
     assert "export_diverged_model is on: writing model.pt2 although" in again.stderr
     meta = json.loads((out / "model_meta.json").read_text())
     assert meta["final_metrics"]["q_diverging"] is True and (out / "model.pt2").exists()
+
+
+def test_every_node_of_a_diverged_job_stops_with_the_same_error(tmp_path: Path) -> None:
+    # Rank 0 alone evaluates the Q-values; every rank must still stop, and together.
+    cfg = _config(tmp_path, growth=4.0)
+    cfg.update(
+        num_nodes=2,
+        init_method=(tmp_path / "rdzv").as_uri(),
+        rendezvous_timeout_s=60,
+        collective_timeout_s=30,
+    )
+    config = tmp_path / "dqn.json"
+    config.write_text(json.dumps(cfg))
+    job = Job("dqn", config, tmp_path / "logs")
+    try:
+        nodes = [job.start(k) for k in (0, 1)]
+        codes = [node.wait() for node in nodes]
+    finally:
+        job.close()
+    logs = [node.text() for node in nodes]
+    assert codes == [5, 5], logs[0][-3000:] + logs[1][-3000:]
+    assert "the Q-network diverged: from epoch 1 on" in logs[0]
+    assert all("Traceback" not in log for log in logs)
+    assert not (tmp_path / "out" / "model.pt2").exists()
 
 
 def test_a_run_that_does_not_diverge_exports_its_model(tmp_path: Path) -> None:
