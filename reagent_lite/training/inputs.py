@@ -10,7 +10,6 @@ format its first and last 64 KiB); the normalization files, small, are digested 
 from __future__ import annotations
 
 import hashlib
-import os
 from pathlib import Path
 
 from reagent_lite.config import WorkflowConfig
@@ -67,7 +66,7 @@ def _digest(path: Path, size: int) -> str:
             return h.hexdigest()
         f.seek(0)
         h.update(f.read(_EDGE))
-        f.seek(size - _EDGE, os.SEEK_SET)
+        f.seek(size - _EDGE)
         h.update(f.read(_EDGE))
     return h.hexdigest()
 

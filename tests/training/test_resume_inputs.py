@@ -9,12 +9,15 @@ import json
 import os
 from pathlib import Path
 
+import numpy as np
+import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 
 from reagent_lite.training import checkpoint as ckpt
 from reagent_lite.training import loop
+from reagent_lite.training.inputs import changes, fingerprint
 from reagent_lite.training.ownership import current_run_id
 from tests.conftest import run_module
 from tests.training.runs import run_workflow, tiny_dqn_config
@@ -89,3 +92,23 @@ def test_a_fresh_run_that_dies_loading_data_is_what_resume_continues(
     resumed = run_workflow(tiny_dqn_config(tmp_path, epochs=2), resume=True)
     assert resumed.run_id == interrupted
     assert resumed.start_epoch == 0 and [r["epoch"] for r in resumed.history] == [0, 1]
+
+
+def test_a_table_rewritten_to_the_same_size_and_mtime_is_still_told_apart(tmp_path: Path) -> None:
+    # Large enough that only the Parquet footer (row-group statistics) is digested.
+    path = tmp_path / "t.parquet"
+
+    def write(seed: int) -> None:
+        values = np.random.default_rng(seed).normal(size=50_000)
+        pq.write_table(pa.table({"reward": values}), path, compression="none")
+
+    write(0)
+    cfg = tiny_dqn_config(tmp_path).model_copy(update={"training_data_path": str(path)})
+    before, stat = fingerprint(cfg), path.stat()
+    write(1)
+    os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    assert path.stat().st_size == stat.st_size
+    assert changes(before, fingerprint(cfg)) == [
+        f"training_data_path: {path} changed (content digest differs)"
+    ]
+    assert changes(before, before) == []
