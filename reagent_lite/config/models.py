@@ -250,6 +250,12 @@ class TrainingParameters(_Model):
     cql_alpha: float = Field(
         default=0.0, ge=0.0, description="Conservative Q-learning regulariser weight (0 = off)."
     )
+    export_diverged_model: bool = Field(
+        default=False,
+        description="Write model.pt2 even when the run ends with its Q-values diverging "
+        "(q_diverging in the last epoch's record). Off: such a run keeps its checkpoints, "
+        "writes no model and exits 5 naming the remedy.",
+    )
     steps_per_epoch: int | None = Field(
         default=None,
         ge=1,

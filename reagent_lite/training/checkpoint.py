@@ -25,6 +25,7 @@ from reagent_lite.io_utils import atomic_write_bytes, serialized
 from reagent_lite.safe_load import load_state
 from reagent_lite.trainers.common import QLearningTrainer
 from reagent_lite.training.graphs import plain_lr
+from reagent_lite.training.inputs import Fingerprint, changes
 from reagent_lite.training.ownership import config_diff, current_run_id
 
 log = logging.getLogger("reagent_lite")
@@ -52,6 +53,8 @@ RESUMABLE_CHANGES = (
     "stream_prepared_dir",
     # The compiled loss is the same maths (float rounding aside), not another model.
     "training.compile",
+    # Whether a diverged run's model is written: resuming a finished run to export it.
+    "training.export_diverged_model",
 )
 
 
@@ -126,9 +129,10 @@ def run_state(
     space: dict[str, Any],
     run_id: str,
     config: dict[str, Any],
+    inputs: Fingerprint,
 ) -> dict[str, Any]:
     """What `save_checkpoint` writes after `epoch` (`space`: `FeatureSpace.to_json()`,
-    `config`: the resolved config as JSON)."""
+    `config`: the resolved config as JSON, `inputs`: what the run trains on)."""
     # Learning rates as floats even where a CUDA graph reads them from a tensor.
     trainer_state = trainer.state_dict()
     trainer_state["optimizer"] = plain_lr(trainer_state["optimizer"])
@@ -147,6 +151,7 @@ def run_state(
         "space": space,
         "run_id": run_id,
         "config": config,
+        "inputs": inputs,
     }
 
 
@@ -167,6 +172,7 @@ def restore(
     *,
     run_id: str,
     config: dict[str, Any],
+    inputs: Fingerprint,
     space: dict[str, Any],
     q_net: nn.Module,
     trainer: QLearningTrainer[Any],
@@ -175,7 +181,8 @@ def restore(
     """Loads run `run_id`'s newest readable checkpoint into the networks, trainer and CPE
     models and returns it (None: there is none). A newest file that cannot be read is
     skipped with a warning for the one before; one made for another network, other
-    features or a config that changes the maths (`config_changes`) is a `ConfigError`."""
+    features, a config that changes the maths (`config_changes`) or input files that
+    changed since (`inputs.changes`) is a `ConfigError`."""
     # Rank 0 chooses and every rank loads that file: on NFS another node's cached
     # directory listing may not show the newest checkpoint yet, and replicas resumed
     # from different epochs would silently diverge (DDP only syncs at construction).
@@ -194,6 +201,14 @@ def restore(
             f"{what}: the config changes what the run computes: {'; '.join(changed)}. "
             f"Only {', '.join(RESUMABLE_CHANGES)} may change on --resume; start a fresh run "
             "(without --resume) to train with the new settings"
+        )
+    # Checkpoints written before fingerprints were kept have none to compare.
+    moved = changes(state["inputs"], inputs) if "inputs" in state else []
+    if moved:
+        raise ConfigError(
+            f"{what}: the input files changed since it was written: {'; '.join(moved)}. "
+            "Resuming would train its weights on other data (normalization refitted on "
+            "it): put the original files back, or start a fresh run (without --resume)"
         )
     if state["space"] != space:
         raise ConfigError(f"{what} was made for other features/actions than this data")

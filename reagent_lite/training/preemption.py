@@ -4,7 +4,7 @@ spot instances) send SIGTERM and, after a grace period, SIGKILL.
 `StopSignals` replaces the handlers of both signals while a rank works. Before training
 starts a signal stops the process at once (there is nothing to save); during training it
 only records the signal: the loop finishes its optimizer step, the ranks agree at the
-next check (`Workflow._poll`: one MAX all-reduce every `stop_check_every_steps` steps,
+next check (`resuming.poll`: one MAX all-reduce every `stop_check_every_steps` steps,
 which also carries rank 0's clock-based checkpoint decision), rank 0 writes a checkpoint
 at that step, and every rank raises `Preempted` — exit code 128 + the signal (143 for
 SIGTERM, 130 for SIGINT), one line that names `--resume`. A repeated signal changes

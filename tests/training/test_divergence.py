@@ -12,6 +12,7 @@ import torch
 
 from reagent_lite.config import DQNWorkflowConfig, config_from_dict
 from reagent_lite.distributed.context import DistContext
+from reagent_lite.training.divergence import check_q_values
 from reagent_lite.training.loop import Workflow
 
 
@@ -47,7 +48,7 @@ def test_q_values_are_checked_against_the_reward_bound(
 ) -> None:
     wf = _workflow(tmp_path)
     # CartPole: reward 1 per step, γ = 0.9 → no return beyond 10.
-    assert wf.divergence.bound == pytest.approx(10.0)
+    assert wf.run.q_bound == pytest.approx(10.0)
     with caplog.at_level(logging.WARNING, logger="reagent_lite"):
         wf.train()
     records = wf.history
@@ -62,8 +63,9 @@ def test_q_values_are_checked_against_the_reward_bound(
         last.bias.fill_(1e4)
     caplog.clear()
     with caplog.at_level(logging.WARNING, logger="reagent_lite"):
-        first = wf.divergence(wf, 2)
-        again = wf.divergence(wf, 3)
+        run = wf.run
+        first = check_q_values(run.kind, run.q_net, run.probe, run.q_bound, 2, warned=False)
+        again = check_q_values(run.kind, run.q_net, run.probe, run.q_bound, 3, warned=True)
     assert first["q_diverging"] and again["q_diverging"] and first["max_abs_q"] > 1e3
     warnings = [r for r in caplog.records if "diverging" in r.getMessage()]
     assert len(warnings) == 1

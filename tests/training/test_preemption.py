@@ -59,11 +59,12 @@ def _run(
             wf.setup()
             if kill_at:
                 runner = wf.step_runner()
-                plain = runner.step
+                plain, taken = runner.step, [0]
 
                 def step() -> None:
                     plain()
-                    if wf.global_step + 1 == kill_at:
+                    taken[0] += 1  # a fresh run: its global step
+                    if taken[0] == kill_at:
                         os.kill(os.getpid(), signum)
 
                 runner.step = step  # type: ignore[method-assign]

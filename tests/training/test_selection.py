@@ -1,21 +1,23 @@
-"""`ModelSelection`: which epoch's model a run exports."""
+"""Model selection: which epoch's model a run exports."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from reagent_lite.training.selection import ModelSelection
+from reagent_lite.training.selection import offer, selected_model
+from reagent_lite.training.state import Best
 
 
-def _offer(selection: ModelSelection, records: list[dict[str, object]]) -> list[float]:
-    """Offers one model per record (its weight: the epoch), returns the selected weight."""
+def _offer(criterion: str, records: list[dict[str, object]]) -> tuple[Best, list[float]]:
+    """Offers one model per record (its weight: the epoch); the best and its weight."""
     net = torch.nn.Linear(1, 1, bias=False)
+    best = Best()
     for epoch, record in enumerate(records):
         with torch.no_grad():
             net.weight.fill_(float(epoch))
-        selection.offer(epoch, record, net)
-    return selection.model(net).weight.flatten().tolist()
+        best = offer(criterion, best, epoch, record, net)
+    return best, selected_model(net, best).weight.flatten().tolist()
 
 
 def _cpe(dr: float | None) -> dict[str, object]:
@@ -35,14 +37,13 @@ def _cpe(dr: float | None) -> dict[str, object]:
 def test_the_preferred_epoch_is_kept(
     criterion: str, records: list[dict[str, object]], epoch: int
 ) -> None:
-    selection = ModelSelection(criterion)
-    assert _offer(selection, records) == [float(epoch)]
-    assert selection.epoch == epoch
-    assert selection.best["state"]["weight"].device.type == "cpu"
+    best, weight = _offer(criterion, records)
+    assert weight == [float(epoch)]
+    assert best.epoch == epoch
+    assert best.state is not None and best.state["weight"].device.type == "cpu"
 
 
 def test_nothing_offered_exports_the_current_model() -> None:
-    selection = ModelSelection("last")
     net = torch.nn.Linear(1, 1)
-    model = selection.model(net)
-    assert selection.epoch == -1 and not model.training and model is not net
+    model = selected_model(net, Best())
+    assert Best().epoch == -1 and not model.training and model is not net
