@@ -53,7 +53,7 @@ def run_case(
         cuda_graphs=step != "eager",
         compile=step == "compiled",
         precision=precision,
-        steps_per_epoch=max(1, int(args.transitions_per_epoch // batch)),
+        steps_per_epoch=max(args.min_steps, int(args.transitions_per_epoch // batch)),
     )
     path = out.parent / f"{out.name}.json"
     path.write_text(json.dumps(cfg, indent=1))
@@ -93,6 +93,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
     p.add_argument("--epochs", type=int, default=4)
     p.add_argument("--transitions-per-epoch", type=float, default=8e6)
+    p.add_argument("--min-steps", type=int, default=1, help="steps per epoch at least")
     p.add_argument("--timeout", type=int, default=400)
     p.add_argument("--data-dir", default="outputs/bench_data")
     p.add_argument("--json", default="")
