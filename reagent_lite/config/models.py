@@ -172,7 +172,8 @@ class TrainingParameters(_Model):
         default=["relu", "relu", "linear"],
         description="Activation after each linear layer (len(layers) - 1 entries), one of "
         + ", ".join(sorted(ACTIVATIONS))
-        + " (case-insensitive; linear = identity).",
+        + " (case-insensitive; linear = identity). Unset: relu after each hidden layer and "
+        "linear after the last, as many as layers needs.",
     )
     minibatch_size: int = Field(
         default=1024,
@@ -247,6 +248,17 @@ class TrainingParameters(_Model):
         "torch across runs); worth it for long runs, mostly on GPU. Falls back to the "
         "plain step, with a warning, if compilation fails.",
     )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _activations_follow_layers(cls, data: object) -> object:
+        # A fixed default list would only fit the default depth: `layers=[-1, 64, -1]`
+        # alone must not fail on activations the user never wrote.
+        if isinstance(data, dict) and "activations" not in data:
+            layers = data.get("layers")
+            if isinstance(layers, list) and len(layers) >= 2:
+                data = {**data, "activations": ["relu"] * (len(layers) - 2) + ["linear"]}
+        return data
 
     @field_validator("activations")
     @classmethod
