@@ -480,8 +480,11 @@ class BaseWorkflowConfig(_Model):
         min_length=1,
         description="Output directory (model.pt2, model_meta.json, metrics, checkpoints).",
     )
-    use_gpu: bool = Field(
-        default=True, description="Train on CUDA when available (else CPU + warning)."
+    use_gpu: bool | Literal["auto"] = Field(
+        default="auto",
+        description='"auto": train on CUDA when a GPU is visible, else on CPU without a '
+        "warning. true: ask for a GPU (on CPU, with a warning, when none is visible). "
+        "false: CPU.",
     )
     use_all_avail_gpus: bool = Field(
         default=True, description="Start one process per visible GPU on each node (DDP)."
