@@ -16,8 +16,9 @@ Pure numpy on the arrays the evaluator already has; no models, no I/O, no ranks.
   step: [min r, max r]; a discounted return: [min(r, 0), max(r, 0)] / (1 − γ)) by more
   than its bootstrap noise (and than 1% of the range) is wrong by at least its excess.
   Seen on CartPole: the policy-value model of a policy that leaves the logged states
-  (always pushing right) diverges, and with no logged episode that follows the policy (episode ESS 0) the importance weights
-  cannot correct it: sequential DR 72× the logger for a policy truly worth 0.6×.
+  (always pushing right) diverges, and with no logged episode that follows the policy
+  (episode ESS 0) the importance weights cannot correct it: sequential DR 72× the logger
+  for a policy truly worth 0.6×.
 """
 
 from __future__ import annotations
