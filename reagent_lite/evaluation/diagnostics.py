@@ -178,8 +178,8 @@ def diagnostic_notices(diag: dict[str, float], label: str) -> list[tuple[str, st
                 (
                     f"{label}: ess {unit}",
                     f"CPE of the {label}: {which} estimates unreliable, effective sample size "
-                    f"{ess:.1f} of {n:.0f} {unit} (the logger rarely took this policy's "
-                    "actions): do not trust them or their errors",
+                    f"{ess:.1f} of {n:.0f} {unit} (few logged actions match the policy's): "
+                    "do not trust them or their errors",
                 )
             )
     top, uniform = diag["mean_top_probability"], diag["uniform_top_probability"]
@@ -240,7 +240,7 @@ def warn_and_summarize(cpe: dict[str, Any], label: str, notices: CpeNotices | No
                 + (
                     "the value model diverged where the logged data is thin)"
                     if sequential
-                    else "the reward model extrapolates or too few rows carry the weights)"
+                    else "the reward model is off, or too few rows carry the weights)"
                 ),
             )
         )
