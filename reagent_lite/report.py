@@ -164,7 +164,9 @@ def _draw_loss(ax: Axes, data: ReportData) -> None:
 
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     for (label, values), marker in zip(data.losses.items(), "os", strict=False):
-        ax.plot(data.epochs, values, marker=marker, label=label)
+        # NaN leaves a gap where an epoch has no value (e.g. no eval TD loss).
+        ys = [float("nan") if v is None else v for v in values]
+        ax.plot(data.epochs, ys, marker=marker, label=label)
     _mark_selected(ax, data)
     ax.set_xlabel("epoch")
     ax.set_ylabel("loss")

@@ -113,12 +113,9 @@ def unreliable(cpe: dict[str, Any], name: str) -> str | None:
     diag = cpe.get("diagnostics") or {}
     unit = "rows" if one_step else "episodes"
     ess, n = diag.get(f"effective_sample_size_{unit}"), diag.get(unit)
-    if (
-        _finite(ess)
-        and _finite(n)
-        and n
-        and (ess < MIN_EFFECTIVE_SAMPLES or ess < MIN_EFFECTIVE_FRACTION * n)
-    ):
+    if not isinstance(ess, int | float) or not isinstance(n, int | float) or not n:
+        return None
+    if ess < MIN_EFFECTIVE_SAMPLES or ess < MIN_EFFECTIVE_FRACTION * n:
         return f"ESS {ess:.1f} of {n:.0f} {unit}"
     return None
 
