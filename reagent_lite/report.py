@@ -76,7 +76,7 @@ def draw_report(run_dir: Path, output: Path | None = None) -> Path:
 def _legend_below(ax: Axes, ncol: int = 1) -> None:
     # Below the axes, never over the data.
     ax.xaxis.labelpad = 0
-    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.13), fontsize=8, ncol=ncol)
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.15), fontsize=8, ncol=ncol)
 
 
 def _mark_selected(ax: Axes, data: ReportData) -> None:
@@ -102,10 +102,15 @@ def _draw_goal(ax: Axes, data: ReportData) -> None:
         errs.append(online.std_return)
         colors = ["#999999", "#2a7ab0"][-len(names) :]
         ax.bar(names, values, yerr=errs, capsize=4, color=colors)
-        for i, v in enumerate(values):  # inside the bar, clear of the error bar
+        top = max(abs(v) for v in values) or 1.0
+        for i, v in enumerate(values):
+            # Inside a tall bar (clear of its error bar), above a short one to stay legible.
+            inside = abs(v) > 0.2 * top
             ax.annotate(
-                f"{v:.1f}", (i, v / 2), ha="center", va="center", color="white", weight="bold"
-            )
+                f"{v:.1f}", (i, v / 2 if inside else v + errs[i] + 0.02 * top),
+                ha="center", va="center" if inside else "bottom",
+                color="white" if inside else "black", weight="bold",
+            )  # fmt: skip
         ax.set_ylabel(f"mean episode return in {online.env} (± std)")
         ax.set_title(f"Did the policy improve? Online, {online.episodes} episodes", fontsize=10)
         return

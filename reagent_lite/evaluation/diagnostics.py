@@ -233,12 +233,12 @@ def warn_and_summarize(cpe: dict[str, Any], label: str, notices: CpeNotices | No
         found.append(
             (
                 f"{label}: outside {name}",
-                f"CPE of the {label}: {name} = {raw:.4g} is off by at least "
+                f"CPE of the {_short(label)}: {name} = {raw:.4g} is off by at least "
                 f"{max(low - raw, raw - high):.3g}: any policy's "
                 f"{'discounted return' if sequential else 'one-step value'} here is in "
                 f"[{low:.4g}, {high:.4g}] ("
                 + (
-                    "the value model diverged where the logged data is thin)"
+                    "the value model diverged where the data is thin)"
                     if sequential
                     else "the reward model is off, or too few rows carry the weights)"
                 ),
