@@ -1,72 +1,52 @@
 """Training and CPE curves of a run as a PNG: `python -m reagent_lite.report --run DIR`.
 
-Needs the `plot` extra (matplotlib). The CPE panel draws each estimate as the relative
-improvement over the logged policy, `(value - logged) / |logged|` (0 = as good as the
-logger, above 0 = better, whatever the sign of the logged value), with its bootstrap
-standard error as an error bar. Exit codes as the workflows: 2 bad flags / no run there /
-no matplotlib, 3 a metrics.jsonl without any epoch record.
+Needs the `plot` extra (matplotlib). Three panels, left to right: did the policy improve
+(the online mean return against the logging policy's when the run had an environment,
+else the trusted CPE estimates at the selected epoch); the CPE estimates per epoch as the
+relative improvement over the logged policy, `(value - logged) / |logged|` (0 = as good as
+the logger, above 0 = better, whatever the sign of the logged value), with bootstrap
+standard errors, the unreliable ones grey and dashed with the reason in the legend; the
+losses, named. The selected epoch is marked. What is drawn comes from `report_data`.
+Exit codes as the workflows: 2 bad flags / no run there / no matplotlib, 3 a
+metrics.jsonl without any epoch record.
 """
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from reagent_lite.cli import report_parser, run_cli
 from reagent_lite.errors import ConfigError, DataError
 from reagent_lite.io_utils import atomic_write
+from reagent_lite.report_data import ReportData, build_report_data, improvement
 from reagent_lite.training.metrics import read_metrics
 
-_ESTIMATORS = (
-    "direct_method",
-    "ips",
-    "snips",
-    "doubly_robust",
-    "sequential_doubly_robust",
-    "weighted_doubly_robust",
-    "magic",
-)
+if TYPE_CHECKING:
+    from matplotlib.axes import Axes
+
+__all__ = ["draw_report", "epoch_records", "improvement", "main"]
 
 
 def epoch_records(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [r for r in records if "transitions_per_s" in r]
 
 
-def _policy_name(records: list[dict[str, Any]]) -> str:
-    """Which policy the CPE curves describe (runs from before the key: the softmax)."""
-    with_cpe = [r["cpe"] for r in records if "cpe" in r]
-    if not with_cpe:
-        return "no policy (no CPE in this run)"
-    policy = with_cpe[0].get("policy")
-    if policy is None or policy.get("name") == "softmax":
-        temperature = (policy or {}).get("temperature")
-        at = f" / {temperature:g}" if temperature is not None else " / T"
-        return f"softmax(Q{at}) policy (not what model.pt2 serves)"
-    return "greedy policy model.pt2 serves"
-
-
-def improvement(estimate: dict[str, Any] | None) -> tuple[float, float] | None:
-    """(relative improvement over the logged policy, its standard error) of one CPE
-    estimate, or None when it cannot be told (no estimate, a zero logged value).
-
-    `normalized` is value / logged; when the logged value is negative a better policy has
-    a *smaller* ratio, so the sign of the logged value (= sign(raw) · sign(normalized))
-    turns the ratio into an improvement that is above 0 exactly when the policy is better."""
-    if not estimate:
-        return None
-    raw, ratio = estimate.get("raw"), estimate.get("normalized")
-    # raw = 0 gives ratio 0 whatever the logged value: its sign cannot be told then.
-    if not _finite(raw) or not _finite(ratio) or ratio == 0:
-        return None
-    assert raw is not None and ratio is not None
-    logged_sign = math.copysign(1.0, raw) * math.copysign(1.0, ratio)
-    err = estimate.get("normalized_std_error")
-    return logged_sign * (ratio - 1.0), float(err) if err is not None and _finite(err) else 0.0
-
-
-def _finite(value: Any) -> bool:
-    return isinstance(value, int | float) and math.isfinite(value)
+def _read(run_dir: Path) -> ReportData:
+    metrics = run_dir / "metrics.jsonl"
+    if not metrics.is_file():
+        raise ConfigError(f"--run: no metrics.jsonl in '{run_dir}' (expected a run's output)")
+    try:
+        records = read_metrics(metrics)
+    except ValueError as err:
+        raise DataError(f"{metrics}: not JSON Lines ({err})") from None
+    epochs = epoch_records(records)
+    if not epochs:
+        raise DataError(
+            f"{metrics}: no epoch record (expected at least one line with 'epoch', 'loss' "
+            "and 'transitions_per_s'): nothing to draw"
+        )
+    return build_report_data(run_dir, epochs, records)
 
 
 def draw_report(run_dir: Path, output: Path | None = None) -> Path:
@@ -75,62 +55,133 @@ def draw_report(run_dir: Path, output: Path | None = None) -> Path:
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
-        from matplotlib.ticker import MaxNLocator
     except ImportError as err:  # pragma: no cover - depends on the environment
         raise ConfigError("report needs matplotlib: pip install 'reagent-lite[plot]'") from err
-    metrics = run_dir / "metrics.jsonl"
-    if not metrics.is_file():
-        raise ConfigError(f"--run: no metrics.jsonl in '{run_dir}' (expected a run's output)")
-    try:
-        records = epoch_records(read_metrics(metrics))
-    except ValueError as err:
-        raise DataError(f"{metrics}: not JSON Lines ({err})") from None
-    if not records:
-        raise DataError(
-            f"{metrics}: no epoch record (expected at least one line with 'epoch', 'loss' "
-            "and 'transitions_per_s'): nothing to draw"
-        )
-    epochs = [r["epoch"] + 1 for r in records]
-    fig, (ax_loss, ax_cpe) = plt.subplots(1, 2, figsize=(11, 4))
-    for ax in (ax_loss, ax_cpe):
-        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-    ax_loss.plot(epochs, [r["loss"] for r in records], marker="o", label="train loss")
-    if any("eval_td_loss" in r for r in records):
-        ax_loss.plot(
-            epochs, [r.get("eval_td_loss") for r in records], marker="s", label="eval TD loss"
-        )
-    ax_loss.set_xlabel("epoch")
-    ax_loss.set_ylabel("loss")
-    ax_loss.set_yscale("log")
-    ax_loss.legend()
-    ax_loss.set_title("training")
-    for name in _ESTIMATORS:
-        points = [
-            (epoch, imp)
-            for epoch, r in zip(epochs, records, strict=True)
-            if (imp := improvement((r.get("cpe") or {}).get(name))) is not None
-        ]
-        if points:
-            ax_cpe.errorbar(
-                [e for e, _ in points],
-                [v for _, (v, _) in points],
-                yerr=[se for _, (_, se) in points],
-                marker=".",
-                capsize=3,
-                label=name,
-            )
-    ax_cpe.axhline(0.0, color="grey", linestyle="--", linewidth=1, label="logged policy")
-    ax_cpe.set_xlabel("epoch")
-    ax_cpe.set_ylabel("(value - logged) / |logged|  (± std. error)")
-    ax_cpe.set_title(f"CPE of the {_policy_name(records)}", fontsize=9)
-    ax_cpe.legend(fontsize=7)
+    data = _read(run_dir)
+    fig, (ax_goal, ax_cpe, ax_loss) = plt.subplots(
+        1, 3, figsize=(16, 5.2), gridspec_kw={"width_ratios": [0.8, 1.2, 1.0]}
+    )
+    _draw_goal(ax_goal, data)
+    _draw_cpe(ax_cpe, data)
+    _draw_loss(ax_loss, data)
     fig.tight_layout()
     path = output or run_dir / "report.png"
     # Atomic like every other output; the format follows the name, not the temp file's.
     fmt = path.suffix[1:] or "png"
-    atomic_write(path, lambda tmp: fig.savefig(tmp, dpi=100, format=fmt))
+    atomic_write(path, lambda tmp: fig.savefig(tmp, dpi=100, format=fmt, bbox_inches="tight"))
     plt.close(fig)
     return path
+
+
+def _legend_below(ax: Axes, ncol: int = 1) -> None:
+    # Below the axes, never over the data.
+    ax.xaxis.labelpad = 0
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.15), fontsize=8, ncol=ncol)
+
+
+def _mark_selected(ax: Axes, data: ReportData) -> None:
+    if data.selected_epoch is not None:
+        how = f" ({data.model_selection})" if data.model_selection else ""
+        ax.axvline(
+            data.selected_epoch, color="black", linestyle=":", linewidth=1.2,
+            label=f"selected epoch {data.selected_epoch}{how}",
+        )  # fmt: skip
+
+
+def _draw_goal(ax: Axes, data: ReportData) -> None:
+    """Did the policy improve: online returns when there was an env, else trusted CPE."""
+    online = data.online
+    if online is not None:
+        names, values, errs = [], [], []
+        if online.logger_mean_return is not None:
+            names.append("logging policy\n(eval table)")
+            values.append(online.logger_mean_return)
+            errs.append(0.0)
+        names.append(f"learned policy\n(epoch {data.selected_epoch or '?'})")
+        values.append(online.mean_return)
+        errs.append(online.std_return)
+        colors = ["#999999", "#2a7ab0"][-len(names) :]
+        ax.bar(names, values, yerr=errs, capsize=4, color=colors)
+        top = max(abs(v) for v in values) or 1.0
+        for i, v in enumerate(values):
+            # Inside a tall bar (clear of its error bar), above a short one to stay legible.
+            inside = abs(v) > 0.2 * top
+            ax.annotate(
+                f"{v:.1f}", (i, v / 2 if inside else v + errs[i] + 0.02 * top),
+                ha="center", va="center" if inside else "bottom",
+                color="white" if inside else "black", weight="bold",
+            )  # fmt: skip
+        ax.set_ylabel(f"mean episode return in {online.env} (± std)")
+        ax.set_title(f"Did the policy improve? Online, {online.episodes} episodes", fontsize=10)
+        return
+    trusted = data.trusted_at_selected()
+    ax.axhline(0.0, color="grey", linestyle="--", linewidth=1)
+    ax.set_ylabel("(value - logged) / |logged|  (± std. error)")
+    ax.set_title("Did the policy improve? Trusted CPE estimates", fontsize=10)
+    if not trusted:
+        ax.text(
+            0.5, 0.5, "no trustworthy CPE estimate\n(see the middle panel)",
+            ha="center", va="center", transform=ax.transAxes,
+        )  # fmt: skip
+        ax.set_xticks([])
+        return
+    names = list(trusted)
+    ax.bar(
+        names,
+        [trusted[n].improvement for n in names],
+        yerr=[trusted[n].std_error for n in names],
+        capsize=4,
+        color="#2a7ab0",
+    )
+    ax.tick_params(axis="x", labelrotation=30, labelsize=8)
+
+
+def _draw_cpe(ax: Axes, data: ReportData) -> None:
+    from matplotlib.ticker import MaxNLocator
+
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.axhline(0.0, color="grey", linestyle="--", linewidth=1, label="logged policy")
+    grey_markers = iter("osD^vPX")
+    for name, points in data.cpe.items():
+        reason = data.verdict(name)
+        xs = [p.epoch for p in points]
+        ys = [p.improvement for p in points]
+        if reason is None:
+            ax.errorbar(
+                xs, ys, yerr=[p.std_error for p in points], marker="o", capsize=3,
+                linewidth=1.6, label=name,
+            )  # fmt: skip
+        else:  # drawn, but visibly set apart: no error bars, which would mean nothing
+            ax.plot(
+                xs, ys, color="#b0b0b0", linestyle="--", marker=next(grey_markers, "o"),
+                markerfacecolor="none",
+                linewidth=1, label=f"{name}: unreliable ({reason})",
+            )  # fmt: skip
+    _mark_selected(ax, data)
+    ax.set_xlabel("epoch")
+    ax.set_ylabel("(value - logged) / |logged|  (± std. error)")
+    ax.set_title(f"CPE of the {data.policy}", fontsize=10)
+    _legend_below(ax)
+
+
+def _draw_loss(ax: Axes, data: ReportData) -> None:
+    from matplotlib.ticker import MaxNLocator
+
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    for (label, values), marker in zip(data.losses.items(), "os", strict=False):
+        # NaN leaves a gap where an epoch has no value (e.g. no eval TD loss).
+        ys = [float("nan") if v is None else v for v in values]
+        ax.plot(data.epochs, ys, marker=marker, label=label)
+    _mark_selected(ax, data)
+    ax.set_xlabel("epoch")
+    ax.set_ylabel("loss")
+    ax.set_yscale("log")
+    cql = any("CQL" in label for label in data.losses)
+    ax.set_title(
+        "Training" + ("\n(the CQL penalty may grow as Q separates actions)" if cql else ""),
+        fontsize=10,
+    )
+    _legend_below(ax)
 
 
 def main(argv: list[str] | None = None, prog: str = "python -m reagent_lite.report") -> None:

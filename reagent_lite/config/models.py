@@ -203,7 +203,8 @@ class TrainingParameters(_Model):
         default=["relu", "relu", "linear"],
         description="Activation after each linear layer (len(layers) - 1 entries), one of "
         + ", ".join(sorted(ACTIVATIONS))
-        + " (case-insensitive; linear = identity).",
+        + " (case-insensitive; linear = identity). Unset: relu after each hidden layer and "
+        "linear after the last, as many as layers needs.",
     )
     minibatch_size: int = Field(
         default=1024,
@@ -289,6 +290,17 @@ class TrainingParameters(_Model):
         description="With compile: the faster forms of the forward the compiled step traces "
         "(the step's log line names those taken).",
     )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _activations_follow_layers(cls, data: object) -> object:
+        # A fixed default list would only fit the default depth: `layers=[-1, 64, -1]`
+        # alone must not fail on activations the user never wrote.
+        if isinstance(data, dict) and "activations" not in data:
+            layers = data.get("layers")
+            if isinstance(layers, list) and len(layers) >= 2:
+                data = {**data, "activations": ["relu"] * (len(layers) - 2) + ["linear"]}
+        return data
 
     @field_validator("activations")
     @classmethod
@@ -510,8 +522,11 @@ class BaseWorkflowConfig(_Model):
         min_length=1,
         description="Output directory (model.pt2, model_meta.json, metrics, checkpoints).",
     )
-    use_gpu: bool = Field(
-        default=True, description="Train on CUDA when available (else CPU + warning)."
+    use_gpu: bool | Literal["auto"] = Field(
+        default="auto",
+        description='"auto": train on CUDA when a GPU is visible, else on CPU without a '
+        "warning. true: ask for a GPU (on CPU, with a warning, when none is visible). "
+        "false: CPU.",
     )
     use_all_avail_gpus: bool = Field(
         default=True, description="Start one process per visible GPU on each node (DDP)."

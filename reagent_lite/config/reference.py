@@ -7,7 +7,7 @@ fails when it drifts, so the README's reference can never disagree with the code
 from __future__ import annotations
 
 import json
-from typing import Any, Literal, get_args, get_origin
+from typing import Any, Literal, Union, get_args, get_origin
 
 from pydantic import BaseModel
 from pydantic_core import PydanticUndefined
@@ -22,6 +22,8 @@ REFERENCE_PATH = config_reference_path()
 def _type_name(annotation: Any) -> str:
     if get_origin(annotation) is Literal:
         return " \\| ".join(json.dumps(v) for v in get_args(annotation))
+    if get_origin(annotation) is Union:  # e.g. bool | Literal["auto"]: "Union" says nothing
+        return " \\| ".join(_type_name(arg) for arg in get_args(annotation))
     text = getattr(annotation, "__name__", None) or str(annotation)
     for noise in ("typing.", "reagent_lite.config.models.", "Annotated[", "NoneType"):
         text = text.replace(noise, "null" if noise == "NoneType" else "")

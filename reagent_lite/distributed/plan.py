@@ -10,8 +10,9 @@ can execute. Three modes:
   nodes through the file rendezvous and starts one process per local device.
 * ``"single"``: one process, no process group.
 
-Processes per node: the number of visible GPUs with `use_gpu` and `use_all_avail_gpus`;
-one GPU process with `use_gpu` alone; otherwise one CPU process (gloo), with a warning.
+Processes per node: the number of visible GPUs with `use_gpu` (true or "auto") and
+`use_all_avail_gpus`; one GPU process with `use_gpu` alone; otherwise one CPU process
+(gloo), with a warning only when `use_gpu` is true (a GPU was asked for).
 For testing multi-process code on CPU, `cpu_procs_per_node` (or the environment variable
 ``REAGENT_LITE_CPU_PROCS_PER_NODE``) sets the number of CPU processes per node.
 """
@@ -34,6 +35,8 @@ from reagent_lite.errors import ConfigError
 log = logging.getLogger(__name__)
 
 Mode = Literal["spawn", "env", "single"]
+# The config's use_gpu: "auto" uses a GPU when one is visible; only true asks for one.
+UseGpu = bool | Literal["auto"]
 
 CPU_PROCS_ENV = "REAGENT_LITE_CPU_PROCS_PER_NODE"
 _ENV_MODE_VARS = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
@@ -100,7 +103,7 @@ def plan_launch(
     *,
     num_nodes: int,
     node_index: int,
-    use_gpu: bool,
+    use_gpu: UseGpu,
     use_all_avail_gpus: bool,
     init_method: str | None,
     run_id: str | None = None,
@@ -130,10 +133,7 @@ def plan_launch(
     if gpus > 0:
         procs, device_type, backend = (gpus if use_all_avail_gpus else 1), "cuda", "nccl"
     else:
-        if use_gpu:
-            log.warning("use_gpu is set but no CUDA device is visible: training on CPU (gloo)")
-        else:
-            log.warning("use_gpu is false: training on CPU (gloo), no GPU is used")
+        _cpu_notice(use_gpu)
         procs, device_type, backend = _cpu_procs(cpu_procs_per_node, env), "cpu", "gloo"
 
     world_size = num_nodes * procs
@@ -168,12 +168,23 @@ def plan_launch(
     )
 
 
+def _cpu_notice(use_gpu: UseGpu) -> None:
+    """Training on CPU is news worth a warning only when a GPU was explicitly asked for:
+    "auto" (the default) and false say so at INFO, so a CPU box's log stays quiet."""
+    if use_gpu is True:
+        log.warning("use_gpu is true but no CUDA device is visible: training on CPU (gloo)")
+    elif use_gpu == "auto":
+        log.info("no CUDA device is visible: training on CPU (gloo)")
+    else:
+        log.info("use_gpu is false: training on CPU (gloo)")
+
+
 def _is_env_mode(env: Mapping[str, str]) -> bool:
     return all(env.get(k) for k in _ENV_MODE_VARS)
 
 
 def _plan_from_env(
-    env: Mapping[str, str], *, use_gpu: bool, num_nodes: int, run_id: str | None
+    env: Mapping[str, str], *, use_gpu: UseGpu, num_nodes: int, run_id: str | None
 ) -> LaunchPlan:
     try:
         rank = int(env["RANK"])
@@ -195,9 +206,9 @@ def _plan_from_env(
             world_size,
             local_world,
         )
-    gpu = use_gpu and _visible_gpus() > 0
+    gpu = bool(use_gpu) and _visible_gpus() > 0
     if not gpu:
-        log.warning("no GPU is used: training on CPU (gloo)")
+        _cpu_notice(use_gpu)
     device = f"cuda:{local_rank}" if gpu else "cpu"
     return LaunchPlan(
         num_nodes=env_nodes,

@@ -22,6 +22,7 @@ from torch import Tensor, nn
 
 from reagent_lite.data.tensordict import TensorDict
 from reagent_lite.discount import transition_discount
+from reagent_lite.evaluation.diagnostics import CpeNotices
 from reagent_lite.trainers.common import unwrap
 from reagent_lite.trainers.optim import BackwardSeed, SoftUpdate, adam, load_optimizer_state
 
@@ -93,6 +94,8 @@ class CpeNets(nn.Module):
         super().__init__()
         self.reward_net = reward_net
         self.value_net = value_net
+        # One per run, like these models: the CPE warnings already given (said once).
+        self.notices = CpeNotices()
 
     def forward(self, batch: TensorDict, kind: Any) -> tuple[Tensor, Tensor]:
         # Both heads in one forward, so that a DDP wrapper syncs both gradients.

@@ -14,10 +14,11 @@ Pure numpy on the arrays the evaluator already has; no models, no I/O, no ranks.
   usually mean candidates the network cannot tell apart (see the normalization warnings).
 * An estimate outside the values any policy can reach with the eval table's rewards (one
   step: [min r, max r]; a discounted return: [min(r, 0), max(r, 0)] / (1 − γ)) by more
-  than its bootstrap noise is wrong by at least its excess. Seen on CartPole: the policy-value
-  model of a policy that leaves the logged states (always pushing right) diverges, and
-  with no logged episode that follows the policy (episode ESS 0) the importance weights
-  cannot correct it: sequential DR 72× the logger for a policy truly worth 0.6×.
+  than its bootstrap noise (and than 1% of the range) is wrong by at least its excess.
+  Seen on CartPole: the policy-value model of a policy that leaves the logged states
+  (always pushing right) diverges, and with no logged episode that follows the policy
+  (episode ESS 0) the importance weights cannot correct it: sequential DR 72× the logger
+  for a policy truly worth 0.6×.
 """
 
 from __future__ import annotations
@@ -40,6 +41,9 @@ MIN_EFFECTIVE_FRACTION = 0.01
 NEAR_UNIFORM_FRACTION = 0.1
 # Warn when more than this fraction of rows (with several candidates) tie at the top Q.
 MAX_TIED_FRACTION = 0.1
+# An estimate outside the reachable range by less than this fraction of the range's scale
+# is rounding or a model's last per cent, not a wrong estimate.
+NEGLIGIBLE_FRACTION = 0.01
 
 _SHOWN = ("ips", "doubly_robust", "sequential_doubly_robust", "magic")
 ONE_STEP = ("direct_method", "ips", "snips", "doubly_robust")
@@ -105,7 +109,8 @@ def policy_diagnostics(
 def reachable_range(estimates: dict[str, Any], rewards: np.ndarray, gamma: float) -> dict[str, Any]:
     """The values any policy can reach with these rewards, and the raw estimates beyond
     them by more than 2 bootstrap standard errors (less is the eval table's noise: DR on
-    CartPole scatters around the one-step value 1 that every policy has).
+    CartPole scatters around the one-step value 1 that every policy has) and by more than
+    NEGLIGIBLE_FRACTION of the range's scale max(|lo|, |hi|, hi - lo).
 
     One step: [min r, max r]. A discounted return (time_diff ≥ 1, so step t is discounted
     by at least γ^t): [min(r, 0), max(r, 0)] / (1 − γ); unbounded at γ = 1. `estimates`
@@ -123,7 +128,10 @@ def reachable_range(estimates: dict[str, Any], rewards: np.ndarray, gamma: float
         est = estimates.get(name) or {}
         raw, se = est.get("raw"), est.get("raw_std_error")
         noise = 2.0 * se if se is not None and np.isfinite(se) else 0.0
-        noise += 1e-6 * max(1.0, abs(low), abs(high)) if np.isfinite(high - low) else 0.0
+        # An excess that is a negligible part of the scale is not "wrong": DR = 0.999 on
+        # [1, 1] is rounding and a reward model's last per mille, whatever its tiny SE.
+        scale = max(abs(low), abs(high), high - low) if np.isfinite(high - low) else 0.0
+        noise = max(noise, NEGLIGIBLE_FRACTION * scale)
         if raw is not None and not low - noise <= raw <= high + noise:
             outside.append(name)
     return {
@@ -139,56 +147,80 @@ def _mean(x: np.ndarray) -> float:
     return float(np.mean(x)) if np.size(x) else float("nan")
 
 
-def diagnostic_warnings(diag: dict[str, float], label: str) -> list[str]:
-    """What is wrong with the estimates of `label`'s policy, one sentence each."""
-    out: list[str] = []
+class CpeNotices:
+    """The CPE warnings a run has given: each distinct one (by kind, not by its numbers)
+    is said at WARNING the first time, at DEBUG with a count afterwards. One per run,
+    held by the run's `CpeNets` rather than by this module, so that two runs in one
+    process (the API, tests) each hear every warning once."""
+
+    def __init__(self) -> None:
+        self.counts: dict[str, int] = {}
+
+    def say(self, key: str, message: str) -> bool:
+        """Logs `message` (WARNING when `key` is new); True when it was new."""
+        seen = self.counts.get(key, 0) + 1
+        self.counts[key] = seen
+        if seen == 1:
+            log.warning("%s", message)
+        else:
+            log.debug("%s (said %d times this run)", message, seen)
+        return seen == 1
+
+
+def diagnostic_notices(diag: dict[str, float], label: str) -> list[tuple[str, str]]:
+    """What is wrong with the estimates of `label`'s policy: (kind, sentence) pairs."""
+    out: list[tuple[str, str]] = []
     for unit in ("rows", "episodes"):
         ess, n = diag[f"effective_sample_size_{unit}"], diag[unit]
         if n > 0 and (ess < MIN_EFFECTIVE_SAMPLES or ess < MIN_EFFECTIVE_FRACTION * n):
+            which = "one-step" if unit == "rows" else "sequential"
             out.append(
-                f"CPE of the {label}: effective sample size {ess:.1f} of {n:.0f} {unit}: the "
-                f"{'one-step' if unit == 'rows' else 'sequential'} estimates rest on a handful "
-                "of logged decisions (the logger rarely took the evaluated policy's action); "
-                "do not trust them, nor their standard errors"
+                (
+                    f"{label}: ess {unit}",
+                    f"CPE of the {label}: {which} estimates unreliable, effective sample size "
+                    f"{ess:.1f} of {n:.0f} {unit} (few logged actions match the policy's): "
+                    "do not trust them or their errors",
+                )
             )
     top, uniform = diag["mean_top_probability"], diag["uniform_top_probability"]
     if uniform < 1.0 and (top - uniform) < NEAR_UNIFORM_FRACTION * (1.0 - uniform):
         out.append(
-            f"CPE of the {label}: the policy is near-uniform (mean top probability {top:.3f}, "
-            f"uniform {uniform:.3f}): its value says little about the greedy policy that "
-            "model.pt2 serves"
+            (
+                f"{label}: near-uniform",
+                f"CPE of the {label}: the policy is near-uniform (mean top probability "
+                f"{top:.3f}, uniform {uniform:.3f}): its value says little about the greedy "
+                "policy model.pt2 serves",
+            )
         )
     tied = diag["tied_top_q_fraction"]
     if tied > MAX_TIED_FRACTION:
         out.append(
-            f"{tied:.0%} of the eval rows tie at the top Q between candidates: model.pt2 "
-            "serves the first of them; candidates that look identical to the network usually "
-            "mean features that normalize to a constant (see the normalization warnings)"
+            (
+                "ties",
+                f"{tied:.0%} of the eval rows tie at the top Q: model.pt2 serves the first "
+                "candidate; usually features that normalize to a constant (see the "
+                "normalization warnings)",
+            )
         )
     return out
 
 
-def warn_and_summarize(cpe: dict[str, Any], label: str) -> None:
-    """Logs the headline estimates with their effective sample sizes, then the warnings."""
+def diagnostic_warnings(diag: dict[str, float], label: str) -> list[str]:
+    """What is wrong with the estimates of `label`'s policy, one sentence each."""
+    return [message for _, message in diagnostic_notices(diag, label)]
+
+
+def _short(label: str) -> str:
+    # "greedy policy (what model.pt2 serves)": the per-epoch line keeps the name only.
+    return label.split(" (what model.pt2 serves)")[0]
+
+
+def warn_and_summarize(cpe: dict[str, Any], label: str, notices: CpeNotices | None = None) -> None:
+    """Logs the headline estimates with their effective sample sizes on one short line,
+    then each warning through `notices` (a fresh one says everything)."""
+    notices = notices or CpeNotices()
     diag = cpe["diagnostics"]
-    parts = []
-    for name in _SHOWN:
-        est = cpe.get(name)
-        if est and est.get("normalized") is not None:
-            se = est.get("normalized_std_error")
-            parts.append(f"{name} {est['normalized']:.3f}" + (f" ± {se:.3f}" if se else ""))
-    log.info(
-        "CPE of the %s, relative to the logger: %s; effective sample size %.1f of %.0f rows, "
-        "%.1f of %.0f episodes",
-        label,
-        ", ".join(parts) or "no estimate",
-        diag["effective_sample_size_rows"],
-        diag["rows"],
-        diag["effective_sample_size_episodes"],
-        diag["episodes"],
-    )
-    for message in diagnostic_warnings(diag, label):
-        log.warning("%s", message)
+    found = diagnostic_notices(diag, label)
     check = cpe.get("reachable_range") or {}
     for name in check.get("outside", []):
         sequential = name in SEQUENTIAL
@@ -197,18 +229,37 @@ def warn_and_summarize(cpe: dict[str, Any], label: str) -> None:
             if sequential
             else (check["reward_min"], check["reward_max"])
         )
-        log.warning(
-            "CPE of the %s: %s = %.4g is outside [%.4g, %.4g], the %s any policy can reach "
-            "with the eval table's rewards, by more than 2 standard errors: it is wrong by at "
-            "least the excess (%s); do not read a direction from it",
-            label,
-            name,
-            cpe[name]["raw"],
-            low,
-            high,
-            "discounted return" if sequential else "one-step value",
-            "the policy-value model has diverged on states the logged data barely covers, "
-            "or too few logged episodes follow the policy to correct it"
-            if sequential
-            else "the reward model extrapolates, or the importance weights rest on too few rows",
+        raw = cpe[name]["raw"]
+        found.append(
+            (
+                f"{label}: outside {name}",
+                f"CPE of the {_short(label)}: {name} = {raw:.4g} is off by at least "
+                f"{max(low - raw, raw - high):.3g}: any policy's "
+                f"{'discounted return' if sequential else 'one-step value'} here is in "
+                f"[{low:.4g}, {high:.4g}] ("
+                + (
+                    "the value model diverged where the data is thin)"
+                    if sequential
+                    else "the reward model is off, or too few rows carry the weights)"
+                ),
+            )
         )
+    parts = []
+    for name in _SHOWN:
+        est = cpe.get(name)
+        if est and est.get("normalized") is not None:
+            se = est.get("normalized_std_error")
+            parts.append(f"{name} {est['normalized']:.3f}" + (f"±{se:.3f}" if se else ""))
+    repeated = sum(key in notices.counts for key, _ in found)
+    log.info(
+        "CPE of the %s vs the logger: %s; ESS %.0f/%.0f rows, %.1f/%.0f episodes%s",
+        _short(label),
+        ", ".join(parts) or "no estimate",
+        diag["effective_sample_size_rows"],
+        diag["rows"],
+        diag["effective_sample_size_episodes"],
+        diag["episodes"],
+        f" ({repeated} warning(s) as before)" if repeated else "",
+    )
+    for key, message in found:
+        notices.say(key, message)

@@ -62,7 +62,8 @@ def evaluate_cpe(
 ) -> dict[str, dict[str, Any]]:
     """All CPE estimates of `policy` (over `q_net`'s Q) on `data` (eval tensors), with
     `policy` (what was evaluated) and `diagnostics` (effective sample sizes, ties, how
-    close to uniform the policy is) beside them; warnings are logged here."""
+    close to uniform the policy is) beside them; warnings are logged here, each distinct
+    one at WARNING once per run (`cpe_nets.notices`), repeats at DEBUG."""
     was_training = q_net.training, cpe_nets.training
     q_net.eval()
     cpe_nets.eval()
@@ -122,7 +123,7 @@ def evaluate_cpe(
             )
         )
     except ValueError as err:  # e.g. repeated (mdp_id, sequence_number) pairs
-        log.warning("sequential CPE skipped: %s", err)
+        cpe_nets.notices.say("sequential skipped", f"sequential CPE skipped: {err}")
     out: dict[str, dict[str, Any]] = {name: est.to_dict() for name, est in estimates.items()}
     off_list = (idx < 0).cpu().numpy()
     out["rows"] = {
@@ -141,7 +142,7 @@ def evaluate_cpe(
         mdp_ids=all_(data.mdp_id),
     )
     out["reachable_range"] = reachable_range(out, all_(data.reward), gamma)
-    warn_and_summarize(out, policy.label)
+    warn_and_summarize(out, policy.label, cpe_nets.notices)
     return out
 
 

@@ -88,6 +88,19 @@ def test_strict_types() -> None:
     assert "training.minibatch_size" in problem(dqn(training={"minibatch_size": 32.5}))
 
 
+@pytest.mark.parametrize(
+    ("layers", "expected"),
+    [
+        ([-1, 64, -1], ["relu", "linear"]),
+        ([-1, -1], ["linear"]),
+        ([-1, 32, 32, 32, -1], ["relu", "relu", "relu", "linear"]),
+    ],
+)
+def test_unset_activations_follow_layers(layers: list[int], expected: list[str]) -> None:
+    cfg = DQNWorkflowConfig.model_validate(dqn(training={"layers": layers}))
+    assert cfg.training.activations == expected
+
+
 def test_activations_are_known_and_normalised() -> None:
     cfg = DQNWorkflowConfig.model_validate(
         dqn(training={"layers": [-1, 8, -1], "activations": ["ReLU", "Identity"]})

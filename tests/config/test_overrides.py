@@ -61,6 +61,17 @@ def test_cli_overrides_are_applied_and_shown_by_dry_run(tmp_path: Path) -> None:
     assert "epochs: 7" in proc.stdout and "learning_rate: 0.0001" in proc.stdout
 
 
+def test_layers_override_alone_is_enough(tmp_path: Path) -> None:
+    # The default activations used to keep three entries and refuse a one-hidden-layer net.
+    path = tmp_path / "c.json"
+    path.write_text(json.dumps({**minimal_dqn(), "sample_data": {"kind": "gym"}}))
+    proc = run_workflow(
+        ["--config", str(path), "--dry_run", "training.layers=[-1,64,-1]"], tmp_path
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "activations: ['relu', 'linear']" in proc.stdout
+
+
 @pytest.mark.parametrize(
     ("override", "expected"),
     [

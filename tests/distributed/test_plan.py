@@ -1,13 +1,18 @@
 from __future__ import annotations
 
+import json
 import logging
 from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 
 from reagent_lite.distributed import CPU_PROCS_ENV, LaunchPlan, plan_launch
 from reagent_lite.errors import ConfigError
+from tests.config.test_cli import run_workflow
+
+SHIPPED = Path(__file__).resolve().parents[2] / "sample_configs"
 
 
 def _plan(**kw: Any) -> LaunchPlan:
@@ -23,14 +28,40 @@ def _plan(**kw: Any) -> LaunchPlan:
     return plan_launch(**args)
 
 
-def test_single_process_cpu_warns(caplog: pytest.LogCaptureFixture) -> None:
-    with caplog.at_level(logging.WARNING):
+def test_single_process_cpu(caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.INFO):
         plan = _plan()
     assert plan.mode == "single"
     assert (plan.world_size, plan.ranks, plan.devices, plan.backend) == (1, (0,), ("cpu",), "gloo")
     assert plan.init_method is None
-    assert "no GPU is used" in caplog.text
+    assert "use_gpu is false: training on CPU" in caplog.text
     assert "single process" in plan.describe()
+
+
+needs_cpu_box = pytest.mark.skipif(
+    torch.cuda.device_count() > 0, reason="tests the notice on a machine without a GPU"
+)
+
+
+@needs_cpu_box
+@pytest.mark.parametrize(
+    "env", [{}, {"RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "h", "MASTER_PORT": "1"}]
+)
+@pytest.mark.parametrize(("use_gpu", "warns"), [("auto", False), (False, False), (True, True)])
+def test_cpu_notice_warns_only_when_a_gpu_was_asked_for(
+    caplog: pytest.LogCaptureFixture,
+    env: dict[str, str],
+    use_gpu: bool | str,
+    warns: bool,
+) -> None:
+    with caplog.at_level(logging.INFO):
+        plan = _plan(use_gpu=use_gpu, env=env)
+    assert plan.devices == ("cpu",)
+    warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert warnings == (
+        ["use_gpu is true but no CUDA device is visible: training on CPU (gloo)"] if warns else []
+    )
+    assert "training on CPU (gloo)" in caplog.text  # said at INFO otherwise
 
 
 def test_multi_node_ranks_follow_node_index() -> None:
@@ -97,3 +128,23 @@ def test_env_mode_uses_torchrun_variables() -> None:
     assert (plan.ranks, plan.world_size, plan.node_index, plan.num_nodes) == ((3,), 4, 1, 2)
     assert plan.init_method == "env://"
     assert "env://" in plan.describe()
+
+
+@needs_cpu_box
+@pytest.mark.parametrize(
+    "config",
+    sorted(p.relative_to(SHIPPED).as_posix() for p in SHIPPED.glob("*_action/*.json")),
+)
+def test_shipped_configs_ask_for_no_gpu_on_a_cpu_box(tmp_path: Path, config: str) -> None:
+    path = SHIPPED / config
+    workflow = json.loads(path.read_text()).get("workflow", "dqn")
+    proc = run_workflow(["--config", str(path), "--dry_run"], tmp_path, f"{workflow}_workflow")
+    # The launch plan was made (horizon_dqn_example then stops: it names no data here) ...
+    assert "training on CPU (gloo)" in proc.stderr, proc.stderr
+    # ... and said nothing alarming about a GPU nobody asked for.
+    gpu_warnings = [
+        line
+        for line in proc.stderr.splitlines()
+        if " WARNING " in line and ("GPU" in line or "CUDA" in line or "use_gpu" in line)
+    ]
+    assert gpu_warnings == []

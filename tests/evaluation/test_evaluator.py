@@ -456,7 +456,7 @@ def test_estimates_outside_the_reachable_range_are_named_and_warned(
     assert (check["return_min"], check["return_max"]) == (0.0, pytest.approx(20.0))
     assert check["outside"] == ["ips", "sequential_doubly_robust"]
     # Negative rewards (Acrobot, γ = 0.99): [-100, 0]; γ = 1 leaves returns unbounded.
-    acro = reachable_range({"magic": est(-101.0)}, np.array([-1.0, 0.0]), gamma=0.99)
+    acro = reachable_range({"magic": est(-102.0)}, np.array([-1.0, 0.0]), gamma=0.99)
     assert acro["return_min"] == pytest.approx(-100.0) and acro["outside"] == ["magic"]
     assert reachable_range({"magic": est(-1e9)}, -np.ones(3), gamma=1.0)["outside"] == []
 
@@ -473,5 +473,93 @@ def test_estimates_outside_the_reachable_range_are_named_and_warned(
     with caplog.at_level("WARNING", logger="reagent_lite"):
         warn_and_summarize(cpe, "greedy policy")
     messages = [r.getMessage() for r in caplog.records]
-    assert any("sequential_doubly_robust = 68.7 is outside [0, 20]" in m for m in messages)
-    assert sum("outside" in m for m in messages) == 2
+    assert any(
+        "sequential_doubly_robust = 68.7 is off by at least 48.7: any policy's discounted "
+        "return here is in [0, 20]" in m
+        for m in messages
+    )
+    assert sum("is off by at least" in m for m in messages) == 2
+
+
+@pytest.mark.parametrize(
+    ("raw", "se", "low", "high", "outside"),
+    [
+        (0.999, 1e-5, 1.0, 1.0, False),  # the sample run's DR: rounding, not a wrong value
+        (1.0 - 2e-6, 0.0, 1.0, 1.0, False),  # DM = 1 printed as "1 is outside [1, 1]"
+        (0.989, 1e-5, 1.0, 1.0, True),  # off by more than 1 % of the scale and 2 SE
+        (0.95, 0.03, 1.0, 1.0, False),  # within 2 SE
+        (20.15, 0.01, 0.0, 20.0, False),  # 0.75 % above a return bound of 20
+        (20.5, 0.01, 0.0, 20.0, True),
+    ],
+)
+def test_reachable_range_ignores_negligible_excess(
+    raw: float, se: float, low: float, high: float, outside: bool
+) -> None:
+    from reagent_lite.evaluation.diagnostics import reachable_range
+
+    name = "doubly_robust" if high == low else "magic"
+    gamma = 1.0 - 1.0 / high if high > 1 else 0.5
+    rewards = np.array([low, high]) if high == low else np.array([high / 20.0])
+    check = reachable_range({name: {"raw": raw, "raw_std_error": se}}, rewards, gamma)
+    assert (check["outside"] == [name]) == outside
+
+
+def test_each_distinct_warning_is_said_once_per_run(caplog: pytest.LogCaptureFixture) -> None:
+    from reagent_lite.evaluation.diagnostics import CpeNotices, warn_and_summarize
+
+    def cpe(episode_ess: float, magic: float) -> dict[str, Any]:
+        return {
+            "magic": {"raw": magic, "raw_std_error": 0.01, "normalized": magic / 12.0},
+            "reachable_range": {
+                "return_min": 0.0,
+                "return_max": 20.0,
+                "reward_min": 1.0,
+                "reward_max": 1.0,
+                "outside": ["magic"],
+            },
+            "diagnostics": {
+                "effective_sample_size_rows": 1000.0,
+                "rows": 1000.0,
+                "effective_sample_size_episodes": episode_ess,
+                "episodes": 509.0,
+                "mean_top_probability": 1.0,
+                "uniform_top_probability": 0.5,
+                "tied_top_q_fraction": 0.0,
+            },
+        }
+
+    run = CpeNotices()
+    with caplog.at_level("DEBUG", logger="reagent_lite"):
+        for epoch in range(3):  # other numbers each epoch, the same two problems
+            warn_and_summarize(cpe(2.9 - epoch, 28.0 + epoch), "greedy policy", run)
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert len(warnings) == 2, warnings
+    assert "effective sample size 2.9 of 509 episodes" in warnings[0]
+    assert "magic = 28 is off by at least 8" in warnings[1]
+    infos = [r.getMessage() for r in caplog.records if r.levelname == "INFO"]
+    assert [m.endswith("(2 warning(s) as before)") for m in infos] == [False, True, True]
+    debugs = [r.getMessage() for r in caplog.records if r.levelname == "DEBUG"]
+    assert len(debugs) == 4 and "(said 3 times this run)" in debugs[-1]
+    assert all(len(m) < 200 for m in warnings + infos)
+    # The state is the run's, not the module's: another run hears both again.
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="reagent_lite"):
+        warn_and_summarize(cpe(2.9, 28.0), "greedy policy", CpeNotices())
+    assert len(caplog.records) == 2
+
+
+def test_evaluator_warns_once_per_cpe_nets(bandit, caplog) -> None:
+    env, data, _ = bandit
+    few = TensorDict({k: v[:40] for k, v in data.items()})
+    policy = EvaluatedPolicy("greedy")
+    nets = CpeNets(EnvScorer(env, "reward"), EnvScorer(env, "reward"))
+    counts = []
+    for epoch in range(2):
+        caplog.clear()
+        with caplog.at_level("WARNING", logger="reagent_lite"):
+            evaluate_cpe(
+                PARAMETRIC, NoisyOracle(env), nets, few, policy=policy, gamma=0.9,
+                n_bootstrap=20, seed=epoch,
+            )  # fmt: skip
+        counts.append(sum("effective sample size" in r.getMessage() for r in caplog.records))
+    assert counts[0] >= 1 and counts[1] == 0
