@@ -12,6 +12,7 @@ writes `time_diff` — and as Horizon valued a logged episode.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -23,10 +24,14 @@ if TYPE_CHECKING:
 FloatArray = npt.NDArray[np.float64]
 
 
-def transition_discount(gamma: float, time_diff: Tensor, *, use_time_diff: bool) -> Tensor | float:
+def transition_discount(
+    gamma: float, time_diff: Callable[[], Tensor], *, use_time_diff: bool
+) -> Tensor | float:
     """The discount of each transition's next value: γ^time_diff where time gaps count,
-    else γ itself (a float, so that the caller can fuse r + γ·V into one kernel)."""
-    return gamma**time_diff if use_time_diff else gamma
+    else γ itself (a float, so that the caller can fuse r + γ·V into one kernel).
+    `time_diff` is read only where gaps count: a training batch gathers a column when it
+    is read, and an unused gather is a kernel in every step."""
+    return gamma ** time_diff() if use_time_diff else gamma
 
 
 def sequence_gaps(episodes: np.ndarray, sequence_numbers: np.ndarray) -> FloatArray:

@@ -21,7 +21,9 @@ def backed_up(gamma: float, steps: np.ndarray, *, use_time_diff: bool) -> list[f
     """Each step's value by training's Bellman backup r + discount·V(next), last step terminal."""
     values, nxt = [], 0.0
     for r, dt in zip(REWARDS[::-1], steps[::-1], strict=True):
-        discount = transition_discount(gamma, torch.tensor(dt), use_time_diff=use_time_diff)
+        discount = transition_discount(
+            gamma, lambda dt=dt: torch.tensor(dt), use_time_diff=use_time_diff
+        )
         nxt = float(r + discount * nxt)
         values.append(nxt)
     return values[::-1]

@@ -153,7 +153,7 @@ class CpeModelTrainer:
             pi_next = self.policy.probs(q_next, mask_next)
             v_next = (pi_next * kind.q_all(self.target_value, batch, next_state=True)).sum(-1)
             discount = transition_discount(
-                self.gamma, batch.time_diff, use_time_diff=self.use_time_diff
+                self.gamma, lambda: batch.time_diff, use_time_diff=self.use_time_diff
             )
             target = batch.reward + (1.0 - batch.terminal) * discount * v_next
         idx = kind.logged_index(batch)

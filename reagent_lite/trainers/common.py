@@ -236,7 +236,7 @@ class QLearningTrainer(Generic[BatchT]):
     def discount(self, batch: BatchT) -> torch.Tensor | float:
         """γ^time_diff when time gaps count, else γ for every row (`reagent_lite.discount`)."""
         return transition_discount(
-            self.hp.gamma, batch.time_diff, use_time_diff=self.hp.use_seq_num_diff_as_time_diff
+            self.hp.gamma, lambda: batch.time_diff, use_time_diff=self.hp.use_seq_num_diff_as_time_diff
         )
 
     @torch.no_grad()

@@ -88,6 +88,21 @@ def test_discount_by_time_diff(use_time_diff: bool) -> None:
     torch.testing.assert_close(trainer.compute_target(batch), 2.0 * GAMMA**power)
 
 
+@pytest.mark.parametrize("use_time_diff", [False, True])
+def test_time_diff_is_gathered_only_when_gaps_count(use_time_diff: bool) -> None:
+    """A training batch gathers a column when it is read: the loss reads `time_diff` only
+    when time gaps count (an unused gather is one more kernel in every step)."""
+    from reagent_lite.training.sources import LazyBatch
+
+    trainer = _trainer(use_seq_num_diff_as_time_diff=use_time_diff)
+    plain = discrete_batch(
+        [[0, 0], [0, 0]], [0, 0], [0.0, 0.0], [[2.0, 0.0], [2.0, 0.0]], time_diff=[1, 3]
+    )
+    batch = LazyBatch(dict(vars(plain)), torch.arange(2))
+    trainer.compute_loss(batch)  # type: ignore[arg-type]
+    assert ("time_diff" in object.__getattribute__(batch, "_cache")) == use_time_diff
+
+
 def test_terminal_rows_use_only_reward() -> None:
     trainer = _trainer()
     batch = discrete_batch(
