@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     from reagent_lite.api import Model, RunResult, load_config, load_model, train
     from reagent_lite.resources import sample_config
 
-__version__ = "0.1.0"
+from reagent_lite.version import __version__
 
 _LAZY = {
     "train": "reagent_lite.api",

@@ -22,9 +22,9 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from reagent_lite import __version__
 from reagent_lite.errors import ReagentLiteError
 from reagent_lite.kinds.registry import kind_names, resolve_kind
+from reagent_lite.version import __version__
 
 # name → (python -m equivalent, one-line summary); a subcommand per registered kind first.
 COMMANDS: dict[str, tuple[str, str]] = {

@@ -20,7 +20,6 @@ from typing import Any
 import torch
 from torch import nn
 
-from reagent_lite import __version__
 from reagent_lite.config import WorkflowConfig
 from reagent_lite.evaluation.cpe_models import EvaluatedPolicy
 from reagent_lite.io_utils import (
@@ -34,6 +33,7 @@ from reagent_lite.io_utils import (
 from reagent_lite.kinds import FeatureSpace, Kind
 from reagent_lite.normalization.module import Preprocessor
 from reagent_lite.normalization.params import NormalizationParameters, save_normalization
+from reagent_lite.version import __version__
 
 log = logging.getLogger("reagent_lite")
 

@@ -60,7 +60,6 @@ import pyarrow.parquet as pq
 import torch
 from torch import Tensor
 
-import reagent_lite
 from reagent_lite.data.prepared_format import FORMAT, Tampered, read_header, read_into
 from reagent_lite.data.prepared_format import read_arrays as read_arrays  # for callers
 from reagent_lite.data.prepared_format import write_arrays as write_arrays
@@ -92,7 +91,7 @@ def code_digest() -> str:
     h = hashlib.sha256()
     for lib in (torch.__version__, np.__version__, pa.__version__, str(FORMAT)):
         h.update(lib.encode() + b"\0")
-    root = Path(reagent_lite.__file__).parent
+    root = Path(__file__).resolve().parent.parent  # the package: data/..
     for pkg in _CODE_PACKAGES:
         for path in sorted((root / pkg).glob("*.py")):
             h.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")

@@ -30,7 +30,7 @@ import torch
 from torch import Tensor, nn
 from typing_extensions import TypeVar
 
-from reagent_lite.config import BaseWorkflowConfig
+from reagent_lite.config.models import BaseWorkflowConfig
 from reagent_lite.data.disk_stream import DiskShardStream
 from reagent_lite.data.ingest import Layout, ingest
 from reagent_lite.data.prepared import PreparedUnits, prepared_root

@@ -10,7 +10,7 @@ import pyarrow as pa
 import torch
 from torch import Tensor, nn
 
-from reagent_lite.config import DQNWorkflowConfig
+from reagent_lite.config.models import DQNWorkflowConfig
 from reagent_lite.data.arrow import NAME_EMPTY, NAME_NULL, is_str, string_index
 from reagent_lite.data.checks import Problems, Rule, name_rows
 from reagent_lite.data.discrete_shard import DiscreteShard, DiscreteShardBuilder

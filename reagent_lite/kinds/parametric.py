@@ -10,7 +10,7 @@ import pyarrow as pa
 import torch
 from torch import Tensor, nn
 
-from reagent_lite.config import ParametricDQNWorkflowConfig
+from reagent_lite.config.models import ParametricDQNWorkflowConfig
 from reagent_lite.data.arrow import is_feature_map, list_lengths
 from reagent_lite.data.checks import candidate_problems, feature_problems, null_rows
 from reagent_lite.data.ingest import Layout

@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from reagent_lite.config import BaseWorkflowConfig
+from reagent_lite.config.models import BaseWorkflowConfig
 from reagent_lite.discount import transition_discount
 from reagent_lite.errors import ConfigError
 
@@ -236,7 +236,9 @@ class QLearningTrainer(Generic[BatchT]):
     def discount(self, batch: BatchT) -> torch.Tensor | float:
         """γ^time_diff when time gaps count, else γ for every row (`reagent_lite.discount`)."""
         return transition_discount(
-            self.hp.gamma, lambda: batch.time_diff, use_time_diff=self.hp.use_seq_num_diff_as_time_diff
+            self.hp.gamma,
+            lambda: batch.time_diff,
+            use_time_diff=self.hp.use_seq_num_diff_as_time_diff,
         )
 
     @torch.no_grad()

@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from reagent_lite.config import DQNWorkflowConfig
+from reagent_lite.config.models import DQNWorkflowConfig
 from reagent_lite.errors import ConfigError
 from reagent_lite.models.bcq import BCQQNetwork
 from reagent_lite.trainers.common import DQNHyperParams, QLearningTrainer, QLogged

@@ -12,7 +12,7 @@ from typing import Protocol
 import torch
 from torch import nn
 
-from reagent_lite.config import BaseWorkflowConfig
+from reagent_lite.config.models import BaseWorkflowConfig
 from reagent_lite.trainers.common import DQNHyperParams, QLearningTrainer, QLogged
 from reagent_lite.trainers.masked import masked_argmax, masked_max
 
