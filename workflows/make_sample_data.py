@@ -17,6 +17,7 @@ import sys
 from collections.abc import Sequence
 
 from reagent_lite.errors import ReagentLiteError
+from reagent_lite.extras import require
 from reagent_lite.samples.generate import DEFAULTS, KINDS, generate_sample_data
 from reagent_lite.samples.gym_logging import POLICIES
 
@@ -62,6 +63,13 @@ def main(
 ) -> int:
     args = parse_args(argv, prog)
     try:
+        if args.kind == "gym":
+            require(
+                "gymnasium",
+                "--kind gym",
+                f"logging env {args.env}",
+                "or --kind synthetic_parametric",
+            )
         result = generate_sample_data(
             kind=args.kind,
             env=args.env,
