@@ -18,11 +18,16 @@ def train(argv: list[str], prog: str) -> None:
     the config's `workflow` key, else the registry's rule for a config without it."""
     from reagent_lite.cli import parse_workflow_args
     from reagent_lite.config.loader import read_config_file
+    from reagent_lite.config.overrides import apply_overrides
     from reagent_lite.kinds.registry import infer_kind, resolve_kind
     from reagent_lite.runner import main as run_workflow
 
     args = parse_workflow_args(argv, prog=prog)  # bad flags exit 2 before the file is read
-    spec = resolve_kind(infer_kind(read_config_file(args.config)))
+    data = read_config_file(args.config)
+    if isinstance(data, dict) and args.overrides:
+        # `workflow=...` on the line picks the kind, as it would in the file.
+        data = apply_overrides(data, list(args.overrides))
+    spec = resolve_kind(infer_kind(data))
     run_workflow(spec, argv, prog=prog)
 
 

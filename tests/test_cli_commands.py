@@ -48,6 +48,15 @@ def test_train_runs_the_kind_the_config_names(tmp_path: Path) -> None:
     proc = console("train", "--config", "p.json", "--dry_run", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     assert "workflow: parametric_dqn" in proc.stdout
+    # An override of the key picks the kind as the key in the file would (without the
+    # key or a parametric-only key the file alone would be read as dqn).
+    del data["max_candidates"]
+    (tmp_path / "q.json").write_text(json.dumps(data))
+    proc = console(
+        "train", "--config", "q.json", "--dry_run", "workflow=parametric_dqn", cwd=tmp_path
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "workflow: parametric_dqn" in proc.stdout
     # Flag errors name the console script's command.
     proc = console("train", "--dry_run", cwd=tmp_path)
     assert proc.returncode == 2 and "usage: reagent-lite train" in proc.stderr
