@@ -29,7 +29,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from reagent_lite.errors import ReagentLiteError
-from reagent_lite.kinds.registry import kind_names, resolve_kind
+from reagent_lite.kinds.registry import kind_names, resolve_kind, set_launcher
 from reagent_lite.version import __version__
 
 # name → (python -m equivalent, one-line summary); a subcommand per registered kind first.
@@ -125,6 +125,7 @@ def _take_log_level(args: list[str]) -> list[str]:
 
 def main(argv: Sequence[str] | None = None) -> None:
     args = list(sys.argv[1:] if argv is None else argv)
+    set_launcher("reagent-lite")  # messages name `reagent-lite <kind>`, not `python -m ...`
     try:
         args = _take_log_level(args)
     except ReagentLiteError as err:

@@ -79,6 +79,16 @@ def test_every_usage_line_names_the_console_script(command: str) -> None:
     assert "python -m" not in proc.stderr
 
 
+def test_a_kind_mismatch_names_the_console_subcommands(tmp_path: Path) -> None:
+    proc = console("dqn", "--config", str(CI / "parametric_1node.json"), "--dry_run", cwd=tmp_path)
+    assert proc.returncode == 2
+    assert (
+        "run it with reagent-lite parametric_dqn, or make it a dqn config (reagent-lite dqn)"
+        in (proc.stderr)
+    )
+    assert "python -m" not in proc.stderr
+
+
 def test_schema_check_says_ok() -> None:
     proc = console("schema", "--check")
     assert proc.returncode == 0, proc.stderr
