@@ -13,9 +13,10 @@
 `-q` / `-v` (or `--log-level LEVEL`) anywhere on the line set the log level of any command
 (WARNING / DEBUG; default INFO), as `REAGENT_LITE_LOG_LEVEL` does for the Python API.
 
-Each subcommand is the `python -m ...` entry point of the same tool (same flags, both
-spellings `--flag-name` / `--flag_name`, same exit codes: 0 ok, 2 bad config or flags,
-3 bad data, 4 distributed failure, 5 training failure, 130 interrupted). Modules load only
+Each subcommand but `train` and `configs` is the `python -m ...` entry point of the same
+tool (same flags, both spellings `--flag-name` / `--flag_name`, same exit codes: 0 ok,
+2 bad config or flags, 3 bad data, 4 distributed failure, 5 training failure,
+130 interrupted). Modules load only
 once a subcommand is chosen, so `--help` answers without importing torch.
 """
 
