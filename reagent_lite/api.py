@@ -16,6 +16,7 @@ run's progress lines.
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
 from collections.abc import Mapping, Sequence
@@ -23,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from reagent_lite.cli import WorkflowArgs
+from reagent_lite.cli import WorkflowArgs, log_level_from_env
 from reagent_lite.config.loader import config_from_dict, read_config_file
 from reagent_lite.config.models import BaseWorkflowConfig, WorkflowConfig
 from reagent_lite.config.overrides import Overrides, apply_overrides
@@ -143,6 +144,10 @@ def train(
 
     `node_index`, `resume` and `run_id` mean what the command-line flags of the same names
     mean. Raises `ConfigError` / `DataError` / `DistributedError` / `TrainingError`."""
+    # REAGENT_LITE_LOG_LEVEL is read here, once (models and training never read it).
+    level = log_level_from_env()
+    if level is not None:
+        logging.getLogger("reagent_lite").setLevel(level)
     cfg, source, spec = _load(config, overrides, None)
     check_node_index(cfg, node_index, source)
     # Relative paths resolve against the working directory, as on the command line.

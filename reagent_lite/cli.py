@@ -173,14 +173,45 @@ LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 LOG_DATE_FORMAT = "%Y-%m-%d %H:%M:%S"
 
 
-def configure_logging(level: int = logging.INFO) -> None:
+# The log level of the command line (`-q` / `-v` / `--log-level` set it, so that every
+# process a command starts inherits it) and of the Python API (read once by `train`).
+LOG_LEVEL_ENV = "REAGENT_LITE_LOG_LEVEL"
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
+
+
+def parse_log_level(value: str, source: str) -> int:
+    """The `logging` level named `value`; `ConfigError` naming `source` otherwise."""
+    name = value.strip().upper()
+    if name not in LOG_LEVELS:
+        raise ConfigError(
+            f"{source}: unknown log level (got {value!r}); expected one of {list(LOG_LEVELS)}"
+        )
+    level: int = getattr(logging, name)
+    return level
+
+
+def log_level_from_env(env: Mapping[str, str] | None = None) -> int | None:
+    """The level `REAGENT_LITE_LOG_LEVEL` names (None when unset or empty)."""
+    value = (os.environ if env is None else env).get(LOG_LEVEL_ENV, "")
+    return parse_log_level(value, LOG_LEVEL_ENV) if value.strip() else None
+
+
+def configure_logging(level: int | None = None) -> None:
     """One format on every line (`<time> LEVEL logger: message`) on stderr, Python warnings
-    included; only the command line calls this, and not when logging is already set up."""
+    included; only the command line calls this, and not when logging is already set up.
+    `level` (default: `REAGENT_LITE_LOG_LEVEL`, else INFO) is reagent-lite's; other
+    libraries keep INFO and above (their DEBUG output would drown `-v`'s)."""
     root = logging.getLogger()
     if not root.handlers:
+        if level is None:
+            level = log_level_from_env() or logging.INFO
         logging.basicConfig(
-            level=level, format=LOG_FORMAT, datefmt=LOG_DATE_FORMAT, stream=sys.stderr
+            level=max(level, logging.INFO),
+            format=LOG_FORMAT,
+            datefmt=LOG_DATE_FORMAT,
+            stream=sys.stderr,
         )
+        logging.getLogger("reagent_lite").setLevel(level)
         logging.captureWarnings(True)
 
 

@@ -14,6 +14,7 @@ from typing import Any
 from reagent_lite.cli import WorkflowArgs, configure_logging, parse_workflow_args, run_cli
 from reagent_lite.config import WorkflowConfig, load_config
 from reagent_lite.errors import ConfigError
+from reagent_lite.extras import check_extras
 from reagent_lite.kinds.registry import KindSpec, resolve_kind
 
 
@@ -32,6 +33,7 @@ def _main(kind: KindSpec, argv: list[str] | None, prog: str | None) -> None:
     cfg = cfg.resolved()
     if args.dry_run:
         print(describe_dry_run(kind, cfg, args))
+        check_extras(cfg)  # what the run would refuse first, the dry run refuses too
         _require_data(kind, cfg)
         print("\n".join(_sample_lines(kind, cfg)))
         return

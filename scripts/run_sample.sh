@@ -6,6 +6,5 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/bootstrap.sh
 config=${1:-sample_configs/discrete_action/cartpole_dqn.json}
-# The config's "workflow" key picks the entry point (dqn when absent).
-workflow=$(.venv/bin/python -c 'import json, sys; print(json.load(open(sys.argv[1])).get("workflow", "dqn"))' "$config")
-exec .venv/bin/python -m "workflows.${workflow}_workflow" --config "$config"
+# `train` runs the workflow the config's "workflow" key names.
+exec .venv/bin/python -m reagent_lite.console train --config "$config"

@@ -17,13 +17,16 @@ import sys
 from collections.abc import Sequence
 
 from reagent_lite.errors import ReagentLiteError
+from reagent_lite.extras import require
 from reagent_lite.samples.generate import DEFAULTS, KINDS, generate_sample_data
 from reagent_lite.samples.gym_logging import POLICIES
 
 
-def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+def parse_args(
+    argv: Sequence[str] | None = None, prog: str = "python -m workflows.make_sample_data"
+) -> argparse.Namespace:
     p = argparse.ArgumentParser(
-        prog="python -m workflows.make_sample_data",
+        prog=prog,
         description="Log a policy in an environment and build train/eval tables from it.",
     )
     p.add_argument("--kind", choices=KINDS, default=DEFAULTS["kind"])
@@ -55,9 +58,18 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    args = parse_args(argv)
+def main(
+    argv: Sequence[str] | None = None, prog: str = "python -m workflows.make_sample_data"
+) -> int:
+    args = parse_args(argv, prog)
     try:
+        if args.kind == "gym":
+            require(
+                "gymnasium",
+                "--kind gym",
+                f"logging env {args.env}",
+                "or --kind synthetic_parametric",
+            )
         result = generate_sample_data(
             kind=args.kind,
             env=args.env,

@@ -27,9 +27,11 @@ from reagent_lite.timeline.stopping import Interrupted, stop_on_signals
 ENGINES = ("duckdb", "spark")
 
 
-def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+def parse_args(
+    argv: Sequence[str] | None = None, prog: str = "python -m workflows.timeline"
+) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
-        prog="python -m workflows.timeline",
+        prog=prog,
         description="Turn per-step logs into the transition table the workflows train on.",
     )
     parser.add_argument(
@@ -129,8 +131,8 @@ def run(args: argparse.Namespace) -> dict[Side, int]:
     )
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    args = parse_args(argv)
+def main(argv: Sequence[str] | None = None, prog: str = "python -m workflows.timeline") -> int:
+    args = parse_args(argv, prog)
     configure_logging()  # the counted warnings (null propensities, absorbing steps)
     with stop_on_signals() as received:
         try:

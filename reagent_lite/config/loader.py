@@ -191,7 +191,7 @@ def settings_without_effect(cfg: BaseWorkflowConfig) -> list[tuple[str, str]]:
 def _check_workflow_kind(data: dict[str, Any], cls: type[BaseModel], source: str) -> None:
     # A config meant for another workflow would otherwise surface as a confusing
     # "unknown key: actions"; say what happened instead.
-    from reagent_lite.kinds.registry import kind_names, resolve_kind, spec_of_config
+    from reagent_lite.kinds.registry import command_for, kind_names, resolve_kind, spec_of_config
     from reagent_lite.kinds.registry import specs as kind_specs
 
     mine = spec_of_config(cls) if issubclass(cls, BaseWorkflowConfig) else None
@@ -209,7 +209,7 @@ def _check_workflow_kind(data: dict[str, Any], cls: type[BaseModel], source: str
         return
     raise ConfigError(
         f"{source}: workflow: this is a {other.name} config (it has {evidence}); run it with "
-        f"{other.command}, or make it a {mine.name} config ({mine.command}) "
+        f"{command_for(other)}, or make it a {mine.name} config ({command_for(mine)}) "
         f"(got {_show(data.get('workflow', other.name))})"
     )
 

@@ -128,9 +128,9 @@ def load_schema(name: str, schema_dir: Path = SCHEMA_DIR) -> dict[str, Any]:
     return copy.deepcopy(data)
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, prog: str = "python -m reagent_lite.config.schema") -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m reagent_lite.config.schema",
+        prog=prog,
         description="Write the workflow config JSON Schemas (or check they are up to date).",
     )
     parser.add_argument("--check", action="store_true", help="exit 1 if the files drifted")
@@ -161,10 +161,11 @@ def main(argv: list[str] | None = None) -> int:
             bad.append(str(REFERENCE_PATH))
         for name in bad:
             print(
-                f"{args.out_dir / name}: out of date with the config models; run "
-                "python -m reagent_lite.config.schema",
+                f"{args.out_dir / name}: out of date with the config models; run {prog}",
                 file=sys.stderr,
             )
+        if not bad:
+            print(f"OK: the schemas in {args.out_dir} match the config models")
         return 1 if bad else 0
     for path in write_schemas(args.out_dir):
         print(f"wrote {path}")

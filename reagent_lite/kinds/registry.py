@@ -93,6 +93,20 @@ def registered(spec: KindSpec) -> Iterator[KindSpec]:
         unregister_kind(spec.name)
 
 
+# "reagent-lite" once the console script started this process: messages then name its
+# subcommands (`reagent-lite dqn`) instead of the `python -m` modules.
+_LAUNCHER: list[str] = []
+
+
+def set_launcher(script: str) -> None:
+    _LAUNCHER[:] = [script]
+
+
+def command_for(spec: KindSpec) -> str:
+    """How the user runs `spec`'s workflow, in the form they started this process with."""
+    return f"{_LAUNCHER[0]} {spec.name}" if _LAUNCHER else spec.command
+
+
 def kind_names() -> list[str]:
     """The registered kinds' names, in registration order (the shipped ones first)."""
     return list(_SPECS)

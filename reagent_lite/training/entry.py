@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import logging
 import os
 from collections.abc import Mapping
@@ -16,6 +15,7 @@ from reagent_lite.distributed.context import DistContext
 from reagent_lite.distributed.launch import launch
 from reagent_lite.distributed.plan import LaunchPlan, plan_launch
 from reagent_lite.errors import ConfigError, ReagentLiteError
+from reagent_lite.extras import check_extras, importable
 from reagent_lite.io_utils import ensure_writable_dir
 from reagent_lite.training.ownership import OutputLock
 
@@ -57,6 +57,8 @@ def preflight(cfg: WorkflowConfig, plan: LaunchPlan) -> None:
     group; every other process (other nodes, or torchrun's other ranks on this one) reads
     the data only after joining, so it does not look for it here when rank 0 makes it."""
     if plan.ranks[0] == 0:
+        # Before any data is generated or read: a missing extra is a config error (exit 2).
+        check_extras(cfg)
         ensure_writable_dir(Path(cfg.model_output_path), "model_output_path")
         if cfg.sample_data is not None and not Path(cfg.training_data_path).exists():
             from reagent_lite.samples.generate import generate_sample_data
@@ -82,16 +84,6 @@ def preflight(cfg: WorkflowConfig, plan: LaunchPlan) -> None:
             log.info("sample data: %d training rows, %d eval rows", made.train_rows, made.eval_rows)
     if plan.ranks[0] == 0:
         check_input_paths(cfg, will_generate=False)
-        if cfg.tensorboard and importlib.util.find_spec("tensorboard") is None:
-            raise ConfigError(
-                "tensorboard: true needs the tensorboard package: pip install "
-                "'reagent-lite[tensorboard]' (or set tensorboard: false)"
-            )
-        if cfg.mlflow is not None and importlib.util.find_spec("mlflow") is None:
-            raise ConfigError(
-                "mlflow: needs the mlflow package: pip install 'reagent-lite[mlflow]' (or "
-                "remove the mlflow block)"
-            )
     made_by_rank_zero = cfg.sample_data is not None and plan.ranks[0] != 0
     if plan.num_nodes == 1 and not made_by_rank_zero and not Path(cfg.training_data_path).exists():
         raise ConfigError(
@@ -143,7 +135,7 @@ def run_training(
     if plan.ranks[0] != 0:
         return None
     out = Path(cfg.model_output_path)
-    if importlib.util.find_spec("matplotlib") is not None:
+    if importable("matplotlib"):
         from reagent_lite.report import draw_report
 
         try:

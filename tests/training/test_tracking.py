@@ -61,8 +61,12 @@ def test_a_store_that_cannot_be_written_at_setup_warns_once_and_training_goes_on
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
-    (tmp_path / "a_file").write_text("")  # a store under a regular file: fails, even as root
-    store = (tmp_path / "a_file" / "mlruns").as_uri()
+    # A store directory that exists (so the pre-run check passes) but whose `.trash` is a
+    # regular file: MLflow fails to start a run there, even as root. (A store under a
+    # regular file is refused before the run: tests/test_extras.py.)
+    (tmp_path / "mlruns").mkdir()
+    (tmp_path / "mlruns" / ".trash").write_text("")
+    store = (tmp_path / "mlruns").as_uri()
     cfg = tiny_config(tmp_path)
     cfg["mlflow"] = {"tracking_uri": store, "experiment_name": "tiny"}
     with caplog.at_level(logging.WARNING, logger="reagent_lite"):
