@@ -164,7 +164,11 @@ def train(
     check_node_index(cfg, node_index, source)
     # Relative paths resolve against the working directory, as on the command line.
     cfg = cfg.resolved()
+    from reagent_lite.training.entry import check_finished_model, run_training
+
     if given:
+        if node_index == 0:  # refused before the tables replace the finished run's inputs
+            check_finished_model(cfg, resume=resume, overwrite=False)
         inputs = Path(cfg.model_output_path) / "input_data"
         written = {
             key: str(
@@ -173,7 +177,6 @@ def train(
             for key, data in given.items()
         }
         cfg = cfg.model_copy(update=written)
-    from reagent_lite.training.entry import run_training
 
     args = WorkflowArgs(config=Path(source), node_index=node_index, resume=resume, run_id=run_id)
     out = run_training(spec.load(), cfg, args)

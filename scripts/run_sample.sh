@@ -8,4 +8,5 @@ bash scripts/bootstrap.sh
 config=${1:-sample_configs/discrete_action/cartpole_dqn.json}
 # The config's "workflow" key picks the entry point (dqn when absent).
 workflow=$(.venv/bin/python -c 'import json, sys; print(json.load(open(sys.argv[1])).get("workflow", "dqn"))' "$config")
-exec .venv/bin/python -m "workflows.${workflow}_workflow" --config "$config"
+# --overwrite: rerunning the sample replaces the sample model (a finished model is kept otherwise).
+exec .venv/bin/python -m "workflows.${workflow}_workflow" --config "$config" --overwrite

@@ -128,6 +128,11 @@ def test_train_takes_a_dataframe_and_an_arrow_table_instead_of_paths(tmp_path: P
     assert pq.read_metadata(saved["training_data_path"]).num_rows == 300
     scored = reagent_lite.load_model(result.model_dir).score(frame.head(4))
     assert len(scored) == 4 and set(scored["best_action"]) <= set(ACTIONS)
+    # Again into the finished run's directory: refused before its inputs are replaced.
+    before = Path(saved["training_data_path"]).read_bytes()
+    with pytest.raises(reagent_lite.ConfigError, match="holds the finished model"):
+        reagent_lite.train(config, training_data=frame.head(50))
+    assert Path(saved["training_data_path"]).read_bytes() == before
 
 
 def test_train_refuses_data_that_is_not_a_table(tmp_path: Path) -> None:
