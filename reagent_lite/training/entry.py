@@ -32,7 +32,12 @@ def setup_logging(is_rank_zero: bool, cli_logging: bool) -> None:
     if cli_logging:
         configure_logging()
     if not is_rank_zero:
-        logging.getLogger("reagent_lite").setLevel(logging.WARNING)
+        base = logging.getLogger("reagent_lite")
+        if base.getEffectiveLevel() <= logging.INFO:
+            # Every node's launcher still says when it joined and finished (launch.py):
+            # otherwise another node's log never shows it took part.
+            logging.getLogger("reagent_lite.distributed.launch").setLevel(logging.INFO)
+        base.setLevel(logging.WARNING)
 
 
 def make_plan(cfg: WorkflowConfig, node_index: int, run_id: str | None) -> LaunchPlan:
