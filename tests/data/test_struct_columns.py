@@ -38,3 +38,20 @@ def test_a_null_struct_is_a_null_map_and_integer_fields_are_numbers(tmp_path: Pa
     pq.write_table(pa.table({"state_features": struct}), path)
     got = read_table(path).column("state_features").to_pylist()
     assert got == [[("1", 2.0)], None, [("5", 7.0)]]
+
+
+def test_lists_of_dicts_read_as_lists_of_maps_also_from_a_slice(tmp_path: Path) -> None:
+    # parametric_dqn's candidates: a list of action feature maps per row.
+    cells = [[{"1": 1.0}, {"2": 3.0}], None, [], [{"1": 5.0, "2": 6.0}]]
+    path = tmp_path / "p.parquet"
+    pd.DataFrame({"possible_actions": cells}).to_parquet(path)
+    column = read_table(path).column("possible_actions")
+    assert pa.types.is_map(column.type.value_type)
+    want = [None if c is None else [sorted(d.items()) for d in c] for c in cells]
+    got = [None if c is None else [sorted(m) for m in c] for c in column.to_pylist()]
+    assert got == want
+    # A sliced chunk (rows pieces of a shard are slices of a batch) converts the same.
+    from reagent_lite.data.arrow import structs_as_maps
+
+    raw = pq.read_table(path).slice(1)
+    assert structs_as_maps(raw).column(0).to_pylist() == column.to_pylist()[1:]
