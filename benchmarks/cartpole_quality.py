@@ -58,6 +58,8 @@ def _seed_config(base: dict[str, Any], seed: int, out_root: Path) -> dict[str, A
     cfg.pop("$schema", None)
     cfg["seed"] = seed
     cfg["model_output_path"] = str(out_root / f"seed{seed}")
+    # Reruns of the benchmark train into the same directory: replacing its model is meant.
+    cfg["overwrite"] = True
     for key in ("training_data_path", "eval_data_path"):
         if cfg.get(key):
             cfg[key] = str((ROOT / cfg[key]).resolve())

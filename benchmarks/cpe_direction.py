@@ -114,6 +114,8 @@ def prepared_config(path: Path, out: Path) -> dict[str, Any]:
     cfg["training_data_path"] = str(out / "data" / "train.parquet")
     cfg["eval_data_path"] = str(out / "data" / "eval.parquet")
     cfg["model_output_path"] = str(out / "model")
+    # Reruns of the benchmark train into the same directory: replacing its model is meant.
+    cfg["overwrite"] = True
     if int(cfg.get("num_nodes", 1)) > 1:
         cfg["init_method"] = (out / "rendezvous").absolute().as_uri()
     cfg.setdefault("evaluation", {})["online_episodes"] = 0

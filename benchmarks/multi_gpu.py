@@ -60,7 +60,8 @@ def _env(visible: str, **extra: str) -> dict[str, str]:
 
 
 def _config(path: Path, **fields: Any) -> Path:
-    path.write_text(json.dumps(fields, indent=1))
+    # Reruns of the benchmark train into the same directories: replacing their models is meant.
+    path.write_text(json.dumps({"overwrite": True, **fields}, indent=1))
     return path
 
 

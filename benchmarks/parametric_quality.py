@@ -69,6 +69,8 @@ def prepare_config(config: Path, out: Path, seed: int | None, overrides: dict[st
     cfg["training_data_path"] = str(out / "data" / "train.parquet")
     cfg["eval_data_path"] = str(out / "data" / "eval.parquet")
     cfg["model_output_path"] = str(out / "model")
+    # Reruns of the benchmark train into the same directory: replacing its model is meant.
+    cfg["overwrite"] = True
     if seed is not None:
         cfg["seed"] = seed
         cfg.setdefault("sample_data", {})["seed"] = seed

@@ -27,8 +27,8 @@ from typing import TYPE_CHECKING, Any
 from reagent_lite.cli import WorkflowArgs, log_level_from_env
 from reagent_lite.config.loader import config_from_dict, read_config_file
 from reagent_lite.config.models import BaseWorkflowConfig, WorkflowConfig
-from reagent_lite.config.overrides import Overrides, apply_overrides
-from reagent_lite.errors import ConfigError
+from reagent_lite.config.overrides import Overrides, apply_overrides, as_pairs
+from reagent_lite.errors import ConfigError, DataError
 from reagent_lite.kinds.registry import KindSpec, infer_kind, resolve_kind, spec_of_config
 from reagent_lite.runner import check_node_index
 
@@ -39,6 +39,8 @@ if TYPE_CHECKING:
     from reagent_lite.predict import Predictor
 
 ConfigSource = str | os.PathLike[str] | Mapping[str, Any] | BaseWorkflowConfig
+# A table given to `train`: a pandas DataFrame or a pyarrow Table (pandas is typed loosely).
+TableData = Any
 
 
 def load_config(
@@ -135,6 +137,8 @@ def train(
     config: ConfigSource,
     *,
     overrides: Overrides | None = None,
+    training_data: TableData | None = None,
+    eval_data: TableData | None = None,
     node_index: int = 0,
     resume: bool = False,
     run_id: str | None = None,
@@ -142,17 +146,42 @@ def train(
     """Runs the workflow `config` describes (see `load_config`) to the end, as
     `python -m workflows.<kind>_workflow` would, and returns what it wrote.
 
+    `training_data` / `eval_data`: a pandas DataFrame or a pyarrow Table in the training
+    table's layout (dict cells are feature maps) to train / evaluate on instead of the
+    config's `training_data_path` / `eval_data_path`, which are then unused (and may be left
+    out of the config). The table is written to `<model_output_path>/input_data/` as Parquet
+    and the run reads that file, so every process of the run (on every node, with a
+    `model_output_path` they all see) reads the same rows.
+
     `node_index`, `resume` and `run_id` mean what the command-line flags of the same names
     mean. Raises `ConfigError` / `DataError` / `DistributedError` / `TrainingError`."""
     # REAGENT_LITE_LOG_LEVEL is read here, once (models and training never read it).
     level = log_level_from_env()
     if level is not None:
         logging.getLogger("reagent_lite").setLevel(level)
+    given = {"training_data_path": training_data, "eval_data_path": eval_data}
+    given = {key: data for key, data in given.items() if data is not None}
+    # A placeholder satisfies the config's required path until the table is written.
+    if given:
+        apply_overrides({}, overrides)  # a setting given twice is still refused
+        overrides = {**dict(as_pairs(overrides)), **{key: f"<{key}>" for key in given}}
     cfg, source, spec = _load(config, overrides, None)
     check_node_index(cfg, node_index, source)
     # Relative paths resolve against the working directory, as on the command line.
     cfg = cfg.resolved()
-    from reagent_lite.training.entry import run_training
+    from reagent_lite.training.entry import check_finished_model, run_training
+
+    if given:
+        if node_index == 0:  # refused before the tables replace the finished run's inputs
+            check_finished_model(cfg, resume=resume, overwrite=False)
+        inputs = Path(cfg.model_output_path) / "input_data"
+        written = {
+            key: str(
+                write_input(data, inputs / f"{key[: -len('_path')]}.node{node_index}.parquet", key)
+            )
+            for key, data in given.items()
+        }
+        cfg = cfg.model_copy(update=written)
 
     args = WorkflowArgs(config=Path(source), node_index=node_index, resume=resume, run_id=run_id)
     out = run_training(spec.load(), cfg, args)
@@ -219,6 +248,38 @@ def load_model(model_dir: str | os.PathLike[str]) -> Model:
     from reagent_lite.predict import Predictor
 
     return Model(Predictor(Path(model_dir)))
+
+
+def write_input(data: TableData, path: Path, key: str) -> Path:
+    """`data` (a DataFrame or an Arrow table given to `train`) written to the Parquet file
+    `path`, atomically: the processes of one node may write the same rows at once."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    name = key[: -len("_path")]
+    if _is_dataframe(data):
+        try:
+            # Dict cells become struct columns, which the readers take as feature maps.
+            table = pa.Table.from_pandas(data, preserve_index=False)
+        except (pa.ArrowException, ValueError, TypeError):
+            table = _frame_to_table(data)  # mixed cells: through Python records
+    elif isinstance(data, pa.Table):
+        table = data
+    else:
+        raise ConfigError(
+            f"{name}: expected a pandas DataFrame or a pyarrow Table (got {type(data).__name__})"
+        )
+    if table.num_rows == 0:
+        raise DataError(f"{name}: the table has no rows (expected logged transitions)")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_name(f".{path.name}.{os.getpid()}.partial")
+    try:
+        pq.write_table(table, partial)
+        os.replace(partial, path)
+    except OSError as err:
+        partial.unlink(missing_ok=True)
+        raise ConfigError(f"{name}: cannot write '{path}' ({err.strerror or err})") from err
+    return path
 
 
 def _is_dataframe(data: Any) -> bool:

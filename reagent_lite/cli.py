@@ -1,7 +1,8 @@
 """The command line shared by the workflows, and the one place errors become exit codes.
 
     python -m workflows.dqn_workflow --config x.json [--node_index=n] [--dry_run]
-                                     [--resume] [--run_id ID] [key.path=value ...]
+                                     [--resume] [--overwrite] [--run_id ID]
+                                     [key.path=value ...]
 
 Flag problems exit 2 (argparse's usage message); a `ReagentLiteError` prints its message
 (no traceback) and exits with its `exit_code`; Ctrl-C exits 130.
@@ -29,6 +30,7 @@ class WorkflowArgs:
     dry_run: bool = False
     resume: bool = False
     run_id: str | None = None
+    overwrite: bool = False
     overrides: tuple[str, ...] = ()
 
 
@@ -88,6 +90,11 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
         "--resume", action="store_true", help="continue from the last checkpoint in the output"
     )
     parser.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="let a fresh run replace the finished model in model_output_path",
+    )
+    parser.add_argument(
         "--run_id",
         "--run-id",
         dest="run_id",
@@ -134,6 +141,7 @@ def parse_workflow_args(
         dry_run=args.dry_run,
         resume=args.resume,
         run_id=args.run_id,
+        overwrite=args.overwrite,
         overrides=tuple(args.overrides),
     )
 

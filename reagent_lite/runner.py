@@ -34,6 +34,10 @@ def _main(kind: KindSpec, argv: list[str] | None, prog: str | None) -> None:
     if args.dry_run:
         print(describe_dry_run(kind, cfg, args))
         check_extras(cfg)  # what the run would refuse first, the dry run refuses too
+        if args.node_index == 0:
+            from reagent_lite.training.entry import check_finished_model
+
+            check_finished_model(cfg, resume=args.resume, overwrite=args.overwrite)
         _require_data(kind, cfg)
         print("\n".join(_sample_lines(kind, cfg)))
         return

@@ -6,5 +6,6 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/bootstrap.sh
 config=${1:-sample_configs/discrete_action/cartpole_dqn.json}
-# `train` runs the workflow the config's "workflow" key names.
-exec .venv/bin/python -m reagent_lite.console train --config "$config"
+# `train` runs the workflow the config's "workflow" key names; --overwrite: rerunning the
+# sample replaces the sample model (a finished model is kept otherwise).
+exec .venv/bin/python -m reagent_lite.console train --config "$config" --overwrite

@@ -10,6 +10,7 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import torch
@@ -104,3 +105,37 @@ def test_importing_the_library_leaves_logging_alone() -> None:
         logger = logging.getLogger(name)
         assert logger.propagate
         assert not logger.handlers
+
+
+def test_train_takes_a_dataframe_and_an_arrow_table_instead_of_paths(tmp_path: Path) -> None:
+    from tests.data.test_ingest import ACTIONS, rows
+
+    # Dict cells (feature maps) in a DataFrame; the eval rows as an Arrow table; the config
+    # names no data path at all.
+    frame = pd.DataFrame(rows(300))
+    eval_table = pa.Table.from_pylist(rows(100, seed=1))
+    config = {"actions": ACTIONS, "model_output_path": str(tmp_path / "model"), "epochs": 1}
+    result = reagent_lite.train(
+        config, training_data=frame, eval_data=eval_table, overrides=["training.minibatch_size=32"]
+    )
+    (epoch,) = result.epoch_metrics
+    assert epoch["steps"] == 10  # ceil(300 / 32): every row of the frame was read
+    assert "eval_td_loss" in epoch  # and the eval table was evaluated
+    saved = json.loads((tmp_path / "model/config.json").read_text())
+    inputs = tmp_path / "model/input_data"
+    assert saved["training_data_path"] == str(inputs / "training_data.node0.parquet")
+    assert saved["eval_data_path"] == str(inputs / "eval_data.node0.parquet")
+    assert pq.read_metadata(saved["training_data_path"]).num_rows == 300
+    scored = reagent_lite.load_model(result.model_dir).score(frame.head(4))
+    assert len(scored) == 4 and set(scored["best_action"]) <= set(ACTIONS)
+    # Again into the finished run's directory: refused before its inputs are replaced.
+    before = Path(saved["training_data_path"]).read_bytes()
+    with pytest.raises(reagent_lite.ConfigError, match="holds the finished model"):
+        reagent_lite.train(config, training_data=frame.head(50))
+    assert Path(saved["training_data_path"]).read_bytes() == before
+
+
+def test_train_refuses_data_that_is_not_a_table(tmp_path: Path) -> None:
+    config = {"actions": ["a", "b"], "model_output_path": str(tmp_path / "model")}
+    with pytest.raises(reagent_lite.ConfigError, match=r"training_data: expected a pandas"):
+        reagent_lite.train(config, training_data=[{"reward": 1.0}])

@@ -522,6 +522,11 @@ class BaseWorkflowConfig(_Model):
         min_length=1,
         description="Output directory (model.pt2, model_meta.json, metrics, checkpoints).",
     )
+    overwrite: bool = Field(
+        default=False,
+        description="Let a fresh run replace the finished model in model_output_path "
+        "(model.pt2 + model_meta.json); without it (or --overwrite) such a run is refused.",
+    )
     use_gpu: bool | Literal["auto"] = Field(
         default="auto",
         description='"auto": train on CUDA when a GPU is visible, else on CPU without a '

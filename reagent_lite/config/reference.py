@@ -75,6 +75,29 @@ def _section(title: str, model: type[BaseModel]) -> list[str]:
     return [*lines, ""]
 
 
+# What a newcomer needs first: the few keys that are enough, before the full tables.
+MINIMAL = [
+    "## A minimal config",
+    "",
+    "Three keys are enough for dqn; every other key has the default listed below.",
+    "",
+    "```json",
+    "{",
+    '  "training_data_path": "train.parquet",',
+    '  "model_output_path": "model",',
+    '  "actions": ["left", "right"]',
+    "}",
+    "```",
+    "",
+    "With `reagent_lite.train(config, training_data=frame)` (a DataFrame or an Arrow table)",
+    "`training_data_path` may be left out. On a small table lower `training.minibatch_size`",
+    "(the run warns when an epoch has fewer than 10 optimizer steps); see",
+    "[TUTORIAL.md](TUTORIAL.md). parametric_dqn needs no `actions`: its actions are feature",
+    "maps in the data.",
+    "",
+]
+
+
 def render_reference() -> str:
     lines = [
         "# Config reference",
@@ -82,6 +105,7 @@ def render_reference() -> str:
         "Generated from `reagent_lite/config/models.py` by `python -m reagent_lite.config.schema`;",
         "do not edit by hand. The same descriptions are in `schemas/*.schema.json`.",
         "",
+        *MINIMAL,
     ]
     lines += _section("dqn workflow (`python -m workflows.dqn_workflow`)", DQNWorkflowConfig)
     lines += _section(

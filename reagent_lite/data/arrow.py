@@ -215,3 +215,73 @@ def string_index(col: ArrowColumn, names: Sequence[str]) -> np.ndarray:
         return np.full(len(col), NAME_NULL, np.int64)
     parts = [_string_index_array(chunk, names) for _, chunk in chunks(col)]
     return np.concatenate(parts) if len(parts) != 1 else parts[0]
+
+
+# ----------------------------------------------------------------------------- structs
+
+
+def is_numeric_struct(t: pa.DataType) -> bool:
+    """A struct whose fields are all numbers (or all-null): what `df.to_parquet()` makes of
+    a column of dicts, one field per key seen in any row."""
+    return bool(
+        _t.is_struct(t)
+        and t.num_fields > 0
+        # A map's physical form (list<struct<key, value>>) is not a dict of features.
+        and {t.field(i).name for i in range(t.num_fields)} != {"key", "value"}
+        and all(is_num(t.field(i).type) or _t.is_null(t.field(i).type) for i in range(t.num_fields))
+    )
+
+
+_MAP = pa.map_(pa.string(), pa.float64())
+
+
+def structs_as_maps(table: pa.Table) -> pa.Table:
+    """`table` with every struct column of numeric fields read as a map field name →
+    value (float64), and every list of such structs as a list of maps (parametric
+    candidates): a field that is null in a row is a key that row's dict did not have, so it
+    is left out of that row's map (absent, not 0); a null struct is a null map."""
+    for i, name in enumerate(table.column_names):
+        column = table.column(i)
+        if is_numeric_struct(column.type):
+            maps = [_struct_to_map(chunk) for chunk in column.chunks]
+            table = table.set_column(i, name, pa.chunked_array(maps, type=_MAP))
+        elif is_list(column.type) and is_numeric_struct(column.type.value_type):
+            lists = [_structs_to_maps(chunk) for chunk in column.chunks]
+            table = table.set_column(i, name, pa.chunked_array(lists, type=pa.list_(_MAP)))
+    return table
+
+
+def _structs_to_maps(chunk: pa.ListArray) -> pa.ListArray:
+    # Rebased offsets over this (maybe sliced) chunk's own values: from_arrays takes no
+    # null mask together with offsets into a larger buffer.
+    offsets = chunk.offsets.to_numpy().astype(np.int64)
+    start, stop = int(offsets[0]), int(offsets[-1])
+    values = chunk.values.slice(start, stop - start)
+    return pa.ListArray.from_arrays(
+        pa.array((offsets - start).astype(np.int32), pa.int32()),
+        _struct_to_map(values),
+        type=pa.list_(_MAP),
+        mask=chunk.is_null(),
+    )
+
+
+def _struct_to_map(chunk: pa.StructArray) -> pa.MapArray:
+    n, names = len(chunk), [chunk.type.field(i).name for i in range(chunk.type.num_fields)]
+    k = len(names)
+    # Row-major (row, field) entries, then the null ones dropped: no loop over rows.
+    fields = [chunk.field(i).cast(pa.float64()) for i in range(k)]
+    stacked = pa.concat_arrays(fields) if fields else pa.array([], pa.float64())
+    order = np.arange(k, dtype=np.int64)[None, :] * n + np.arange(n, dtype=np.int64)[:, None]
+    values = stacked.take(pa.array(order.ravel()))
+    valid = values.is_valid().to_numpy(zero_copy_only=False).reshape(n, k)
+    row_valid = chunk.is_valid().to_numpy(zero_copy_only=False)
+    valid &= row_valid[:, None]
+    keys = np.tile(np.array(names, dtype=object), n)[valid.ravel()]
+    offsets = np.zeros(n + 1, dtype=np.int32)
+    np.cumsum(valid.sum(axis=1), out=offsets[1:])
+    return pa.MapArray.from_arrays(
+        pa.array(offsets, pa.int32()),
+        pa.array(keys, pa.string()),
+        values.filter(pa.array(valid.ravel())),
+        mask=pa.array(~row_valid),
+    )

@@ -26,6 +26,7 @@ from typing import Any, Literal
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from reagent_lite.data.arrow import structs_as_maps
 from reagent_lite.data.jsonl import first_record_keys, read_jsonl
 from reagent_lite.errors import DataError
 
@@ -247,7 +248,10 @@ def _resolve_columns(names: Sequence[str], columns: Sequence[str] | None) -> lis
 
 
 def apply_aliases(table: pa.Table, source: Path) -> pa.Table:
-    """`table` with aliased columns (`ALIASES`) renamed; both names at once is an error."""
+    """`table` with aliased columns (`ALIASES`) renamed (both names at once is an error)
+    and struct columns of numeric fields read as maps (`structs_as_maps`: pandas writes
+    dict cells so)."""
+    table = structs_as_maps(table)
     names = table.column_names
     for alias, canon in ALIASES.items():
         if alias in names:

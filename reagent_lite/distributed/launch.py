@@ -62,3 +62,4 @@ def launch(
             run_worker(plan, 0, session.init_method, worker_fn, args, collective_timeout_s)
         else:
             spawn(plan, session.init_method, worker_fn, args, collective_timeout_s)
+        log.info("node %d finished session %s", plan.node_index, session.session_id)

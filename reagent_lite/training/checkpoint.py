@@ -55,6 +55,8 @@ RESUMABLE_CHANGES = (
     "training.compile",
     # Whether a diverged run's model is written: resuming a finished run to export it.
     "training.export_diverged_model",
+    # Whether a fresh run may replace a finished model: a resume replaces nothing.
+    "overwrite",
 )
 
 

@@ -32,7 +32,12 @@ def setup_logging(is_rank_zero: bool, cli_logging: bool) -> None:
     if cli_logging:
         configure_logging()
     if not is_rank_zero:
-        logging.getLogger("reagent_lite").setLevel(logging.WARNING)
+        base = logging.getLogger("reagent_lite")
+        if base.getEffectiveLevel() <= logging.INFO:
+            # Every node's launcher still says when it joined and finished (launch.py):
+            # otherwise another node's log never shows it took part.
+            logging.getLogger("reagent_lite.distributed.launch").setLevel(logging.INFO)
+        base.setLevel(logging.WARNING)
 
 
 def make_plan(cfg: WorkflowConfig, node_index: int, run_id: str | None) -> LaunchPlan:
@@ -112,6 +117,22 @@ def check_input_paths(cfg: WorkflowConfig, *, will_generate: bool) -> None:
         raise ConfigError(f"{key}: '{value}' does not exist (expected {expected})")
 
 
+def check_finished_model(cfg: WorkflowConfig, *, resume: bool, overwrite: bool) -> None:
+    """`ConfigError` (exit 2) when a fresh run would replace the finished model in
+    `model_output_path` without `overwrite` (the flag or the config key): a second run
+    into the same directory silently lost the first one's model."""
+    out = Path(cfg.model_output_path)
+    if resume or overwrite or cfg.overwrite:
+        return
+    if (out / "model.pt2").is_file() and (out / "model_meta.json").is_file():
+        raise ConfigError(
+            f"model_output_path: '{out}' holds the finished model of an earlier run "
+            "(model.pt2, model_meta.json); a fresh run would replace it. Pass --overwrite "
+            "(or set overwrite: true) to replace it, --resume to continue that run, or "
+            "choose another model_output_path"
+        )
+
+
 def run_training(
     kind: Kind[Any], cfg: WorkflowConfig, args: WorkflowArgs, *, cli_logging: bool = False
 ) -> Path | None:
@@ -121,6 +142,9 @@ def run_training(
     plan = make_plan(cfg, args.node_index, args.run_id)
     setup_logging(plan.ranks[0] == 0, cli_logging)
     log.info("%s workflow\n%s", kind.name, plan.describe())
+    resume = bool(args.resume) or restarted_by_torchrun(os.environ)
+    if plan.ranks[0] == 0:  # node 0 writes the outputs
+        check_finished_model(cfg, resume=resume, overwrite=args.overwrite)
     preflight(cfg, plan)
     # One run owns the output directory: the process of global rank 0 holds its lock.
     owner = OutputLock(Path(cfg.model_output_path)) if plan.ranks[0] == 0 else nullcontext()
@@ -128,7 +152,7 @@ def run_training(
         launch(
             plan,
             run_worker,
-            (kind, cfg, bool(args.resume) or restarted_by_torchrun(os.environ), cli_logging),
+            (kind, cfg, resume, cli_logging),
             rendezvous_timeout_s=cfg.rendezvous_timeout_s,
             collective_timeout_s=cfg.collective_timeout_s,
         )

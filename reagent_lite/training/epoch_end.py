@@ -34,14 +34,20 @@ def end_epoch(
     state: TrainState,
     *,
     steps_per_epoch: int,
+    steps_run: int | None = None,
     global_step: int,
     loss_sum: Tensor,
     elapsed: float,
 ) -> TrainState:
     """Epoch `state.epoch` has run its steps (`global_step` in all, `loss_sum` this rank's
-    summed loss, in `elapsed` seconds): the state after it."""
+    summed loss, in `elapsed` seconds): the state after it. `steps_run`: the steps this
+    process ran and timed (fewer than `steps_per_epoch` in an epoch resumed mid-way; all of
+    them when not given)."""
     cfg, ctx, epoch = run.cfg, run.ctx, state.epoch
-    transitions = steps_per_epoch * cfg.training.minibatch_size * cfg.training.minibatches_per_step
+    # Throughput counts only the steps `elapsed` timed: a resumed epoch's earlier steps ran
+    # (and were timed) before the stop.
+    timed = steps_per_epoch if steps_run is None else steps_run
+    transitions = timed * cfg.training.minibatch_size * cfg.training.minibatches_per_step
     stats = torch.stack(
         [loss_sum.float(), torch.tensor(float(transitions), device=loss_sum.device)]
     )
@@ -62,6 +68,7 @@ def end_epoch(
         "steps": global_step,
         "loss": loss,
         "transitions_per_s": as_float(stats[1]) / max(slowest, 1e-9),
+        "steps_timed": timed,
         "learning_rate": as_float(run.trainer.optimizer.param_groups[0]["lr"]),
         "world_size": ctx.world_size,
     }

@@ -80,6 +80,7 @@ def train_epochs(
             run,
             state,
             steps_per_epoch=steps_per_epoch,
+            steps_run=steps_per_epoch - first,
             global_step=global_step,
             loss_sum=runner.loss_sum,
             elapsed=elapsed,

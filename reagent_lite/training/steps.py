@@ -218,4 +218,31 @@ def plan_steps(
             mps,
             steps,
         )
+        warn_few_steps(steps, max(sizes), micro * mps, bool(cfg.training.steps_per_epoch))
     return steps, sampler
+
+
+# Fewer optimizer steps per epoch than this and an epoch barely trains: per-epoch
+# evaluation, selection and checkpoints then outnumber the updates they judge.
+FEW_STEPS = 10
+
+
+def warn_few_steps(steps: int, rows: int, step_rows: int, fixed: bool) -> None:
+    """Warns (once: `plan_steps` runs once per run, on rank 0 here) when an epoch has
+    fewer than `FEW_STEPS` optimizer steps, naming the keys that change it."""
+    if steps >= FEW_STEPS:
+        return
+    why = (
+        f"training.steps_per_epoch is {steps}"
+        if fixed
+        else f"{rows} rows in the largest shard / {step_rows} rows per step"
+    )
+    log.warning(
+        "only %d optimizer steps per epoch (%s): the model barely trains each epoch; "
+        "lower training.minibatch_size (now %d rows per step) or set "
+        "training.steps_per_epoch (e.g. %d)",
+        steps,
+        why,
+        step_rows,
+        FEW_STEPS * 10,
+    )

@@ -35,8 +35,11 @@ def test_loss_overflow_stops_and_keeps_last_good_checkpoint(tmp_path: Path) -> N
     pq.write_table(
         table.set_column(table.schema.get_field_index("reward"), "reward", rewards), train_path
     )
-    # A fresh run on that data (--resume refuses a table changed since its checkpoint).
-    second = run_module("workflows.dqn_workflow", "--config", str(config), timeout=240)
+    # A fresh run on that data (--resume refuses a table changed since its checkpoint),
+    # allowed to replace the finished model: it fails before it does.
+    second = run_module(
+        "workflows.dqn_workflow", "--config", str(config), "--overwrite", timeout=240
+    )
     assert second.returncode == 5, second.stderr[-3000:]
     assert "loss became" in second.stderr
     assert "Last good checkpoint: none yet" in second.stderr

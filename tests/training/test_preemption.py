@@ -100,6 +100,9 @@ def test_sigterm_mid_epoch_checkpoints_and_resume_is_bit_for_bit(tmp_path: Path)
     records = read_metrics(tmp_path / "cut" / "metrics.jsonl")
     step_records = [r["steps"] for r in records if "transitions_per_s" not in r]
     assert step_records == list(range(1, 21))
+    # The resumed epoch's throughput counts the 6 steps it ran and timed, not all 10.
+    epochs = [r for r in records if "transitions_per_s" in r]
+    assert [(r["epoch"], r["steps_timed"]) for r in epochs] == [(0, 10), (1, 6)]
 
 
 def test_checkpoints_on_a_step_cadence(tmp_path: Path) -> None:

@@ -54,7 +54,9 @@ def test_tensorboard_is_switched_by_the_config(tmp_path: Path) -> None:
     assert not (result.model_dir / "tensorboard").exists()
     if importlib.util.find_spec("tensorboard") is None:
         with pytest.raises(reagent_lite.ConfigError, match="tensorboard: true needs"):
-            reagent_lite.train(tiny_config(tmp_path), overrides={"tensorboard": True})
+            reagent_lite.train(
+                tiny_config(tmp_path), overrides={"tensorboard": True, "overwrite": True}
+            )
 
 
 def test_a_store_that_cannot_be_written_at_setup_warns_once_and_training_goes_on(

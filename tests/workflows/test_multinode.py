@@ -100,6 +100,8 @@ def test_two_nodes_dqn_replicas_identical_and_equal_to_one_process(
     assert _replica_checks(log0, 2) == 4 * 5 + 1
     assert_outputs_once(out)
     assert "model: " in log0 and "model: " not in log1  # only node 0 reports (and writes)
+    for k, log in enumerate((log0, log1)):  # every node says it joined and finished
+        assert f"node {k} joined session" in log and f"node {k} finished session" in log, k
     assert len(epoch_losses(out)) == 4  # one record per epoch: one writer
     assert json.loads((out / "model_meta.json").read_text())["world_size"] == 2
     assert not (dqn_two_nodes / "rdzv.rdzv").exists(), "rendezvous files left after a clean run"
