@@ -191,13 +191,15 @@ class Kind(ABC, Generic[C, S]):
     def scan_space(self, ctx: DistContext, cfg: C, units: list[ShardPiece]) -> S:
         """The agreed feature space from a keys-only scan of the shard's units."""
 
-    @abstractmethod
     def norm_files(self, cfg: C) -> dict[str, str | None]:
-        """Preprocessor group ("state", "action") → its configured normalization file."""
+        """Preprocessor group ("state", "action") → its configured normalization file; the
+        state's here, a kind with more groups adds its own."""
+        return {"state": cfg.state_norm_data_path}
 
-    @abstractmethod
     def norm_samples(self, shard: IngestedShard, n: int, seed: int) -> dict[str, np.ndarray]:
-        """Up to n raw rows per preprocessor group, NaN = absent (what normalization fits)."""
+        """Up to n raw rows per preprocessor group, NaN = absent (what normalization fits);
+        the state's here, a kind with more groups adds its own."""
+        return {"state": sample_nan_rows(torch.from_numpy(shard.features["state"]), n, seed)}
 
     @abstractmethod
     def training_tensors(self, shard: IngestedShard, pre: dict[str, Preprocessor]) -> TensorDict:

@@ -33,7 +33,7 @@ from reagent_lite.data.tensordict import TensorDict
 from reagent_lite.data.validate import ShardValidation
 from reagent_lite.data.windows import scan_units
 from reagent_lite.distributed.context import DistContext
-from reagent_lite.kinds.base import Actor, DiscreteSpace, Kind, agree_ids, sample_nan_rows
+from reagent_lite.kinds.base import Actor, DiscreteSpace, Kind, agree_ids
 from reagent_lite.models import build_q_network
 from reagent_lite.models.bcq import BCQQNetwork
 from reagent_lite.normalization.module import Preprocessor
@@ -89,12 +89,6 @@ class DiscreteKind(Kind[DQNWorkflowConfig, DiscreteSpace]):
     ) -> DiscreteSpace:
         ids = scan_units(units, {"state": STATE_COLUMNS})[0]["state"]
         return DiscreteSpace(state_ids=agree_ids(ctx, ids), actions=list(cfg.actions))
-
-    def norm_files(self, cfg: DQNWorkflowConfig) -> dict[str, str | None]:
-        return {"state": cfg.state_norm_data_path}
-
-    def norm_samples(self, shard: IngestedShard, n: int, seed: int) -> dict[str, np.ndarray]:
-        return {"state": sample_nan_rows(torch.from_numpy(shard.features["state"]), n, seed)}
 
     def training_tensors(self, shard: IngestedShard, pre: dict[str, Preprocessor]) -> TensorDict:
         # Normalized in place: the raw values are not needed after this.

@@ -126,12 +126,12 @@ class ParametricKind(Kind[ParametricDQNWorkflowConfig, ParametricSpace]):
         )
 
     def norm_files(self, cfg: _Cfg) -> dict[str, str | None]:
-        return {"state": cfg.state_norm_data_path, "action": cfg.action_norm_data_path}
+        return {**super().norm_files(cfg), "action": cfg.action_norm_data_path}
 
     def norm_samples(self, shard: IngestedShard, n: int, seed: int) -> dict[str, np.ndarray]:
         cands = torch.from_numpy(shard.features["possible_actions"])
         return {
-            "state": sample_nan_rows(torch.from_numpy(shard.features["state"]), n, seed),
+            **super().norm_samples(shard, n, seed),
             "action": sample_nan_rows(cands.reshape(-1, cands.shape[-1]), n, seed + 1),
         }
 

@@ -41,7 +41,7 @@ from reagent_lite.data.windows import scan_units
 from reagent_lite.distributed.context import DistContext
 from reagent_lite.errors import ConfigError, DataError
 from reagent_lite.kinds import KindSpec, register_kind, registered
-from reagent_lite.kinds.base import Actor, DiscreteSpace, Kind, agree_ids, sample_nan_rows
+from reagent_lite.kinds.base import Actor, DiscreteSpace, Kind, agree_ids
 from reagent_lite.kinds.discrete import DiscreteServingModule
 from reagent_lite.models import build_q_network
 from reagent_lite.normalization.module import Preprocessor
@@ -200,12 +200,6 @@ class BanditKind(Kind[BanditConfig, DiscreteSpace]):
     ) -> DiscreteSpace:
         ids = scan_units(units, {"state": STATE_COLUMNS})[0]["state"]
         return DiscreteSpace(state_ids=agree_ids(ctx, ids), actions=list(cfg.arms))
-
-    def norm_files(self, cfg: BanditConfig) -> dict[str, str | None]:
-        return {"state": cfg.state_norm_data_path}
-
-    def norm_samples(self, shard: IngestedShard, n: int, seed: int) -> dict[str, np.ndarray]:
-        return {"state": sample_nan_rows(torch.from_numpy(shard.features["state"]), n, seed)}
 
     def training_tensors(self, shard: IngestedShard, pre: dict[str, Preprocessor]) -> TensorDict:
         state = pre["state"].normalize_rows(torch.from_numpy(shard.features.pop("state")))
