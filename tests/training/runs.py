@@ -3,13 +3,18 @@ a set-up run with the CPE models for the tests of the training step."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
+
+import pytest
 
 from reagent_lite.config import config_from_dict
 from reagent_lite.config.models import DQNWorkflowConfig, ParametricDQNWorkflowConfig
 from reagent_lite.distributed.context import DistContext
 from reagent_lite.training.loop import Workflow
+from tests.conftest import REPO_ROOT
 from tests.data.test_ingest import ACTIONS, rows, write
 
 
@@ -86,3 +91,18 @@ def tiny_cpe_workflow(
     wf = Workflow(kind, config_from_dict(cfg, cls), DistContext.single(device))
     wf.setup()
     return wf
+
+
+def run_in_mount_namespace(
+    script: str, arg: Path, env: dict[str, str], timeout: float
+) -> subprocess.CompletedProcess[str]:
+    """`python -c script arg` in a private mount namespace (where the script may mount a
+    tmpfs and remount it read-only: a filesystem that really fails, even for root); the
+    test is skipped where mount namespaces are not allowed (probed on the folder `arg`)."""
+    probe = subprocess.run(["unshare", "-m", "mount", "-t", "tmpfs", "none", str(arg)],
+                           capture_output=True, timeout=30, check=False)  # fmt: skip
+    if probe.returncode != 0:
+        pytest.skip("needs mount namespaces (root): " + probe.stderr.decode()[-200:])
+    cmd = ["unshare", "-m", "--propagation", "private", sys.executable, "-c", script, str(arg)]
+    return subprocess.run(cmd, cwd=REPO_ROOT, env=env, capture_output=True, text=True,
+                          timeout=timeout, check=False)  # fmt: skip

@@ -22,6 +22,7 @@ from reagent_lite.io_utils import OWNED_ENV, OwnershipLost, atomic_write_json
 from reagent_lite.training import checkpoint as ckpt
 from reagent_lite.training.ownership import OutputLock, current_run_id
 from tests.conftest import REPO_ROOT, run_module
+from tests.training.runs import run_in_mount_namespace
 from tests.training.runs import run_workflow as _run
 from tests.training.runs import tiny_dqn_config as _config
 from tests.workflows.test_end_to_end import make_config
@@ -305,14 +306,8 @@ except TrainingError as e:
 def test_a_lock_release_failing_on_a_read_only_filesystem_never_masks_the_error(
     tmp_path: Path,
 ) -> None:
-    probe = subprocess.run(["unshare", "-m", "mount", "-t", "tmpfs", "none", str(tmp_path)],
-                           capture_output=True, timeout=30, check=False)  # fmt: skip
-    if probe.returncode != 0:
-        pytest.skip("needs mount namespaces (root): " + probe.stderr.decode()[-200:])
     (tmp_path / "out").mkdir()
-    cmd = ["unshare", "-m", "--propagation", "private", sys.executable, "-c", _READ_ONLY]
-    done = subprocess.run([*cmd, str(tmp_path / "out")], cwd=REPO_ROOT, env=_env(),
-                          capture_output=True, text=True, timeout=120, check=False)  # fmt: skip
+    done = run_in_mount_namespace(_READ_ONLY, tmp_path / "out", _env(), timeout=120)
     assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr[-2000:]
     assert "raised: cannot write (EROFS); stopping" in done.stdout
     assert "could not remove the lock" in done.stderr and "Read-only file system" in done.stderr

@@ -6,8 +6,6 @@ from __future__ import annotations
 import importlib.util
 import logging
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -15,6 +13,7 @@ import pytest
 import reagent_lite
 from tests.conftest import REPO_ROOT
 from tests.test_api import tiny_config
+from tests.training.runs import run_in_mount_namespace
 
 mlflow = pytest.importorskip("mlflow")
 
@@ -113,15 +112,9 @@ print("epochs", len(result.epoch_metrics), (result.model_dir / "model_meta.json"
 def test_a_store_turning_read_only_mid_run_warns_once_and_training_goes_on(
     tmp_path: Path,
 ) -> None:
-    probe = subprocess.run(["unshare", "-m", "mount", "-t", "tmpfs", "none", str(tmp_path)],
-                           capture_output=True, timeout=30, check=False)  # fmt: skip
-    if probe.returncode != 0:
-        pytest.skip("needs mount namespaces (root): " + probe.stderr.decode()[-200:])
     (tmp_path / "store").mkdir()
     env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "MLFLOW_ALLOW_FILE_STORE": "true"}
-    cmd = ["unshare", "-m", "--propagation", "private", sys.executable, "-c", _READ_ONLY_STORE]
-    done = subprocess.run([*cmd, str(tmp_path)], cwd=REPO_ROOT, env=env,
-                          capture_output=True, text=True, timeout=300, check=False)  # fmt: skip
+    done = run_in_mount_namespace(_READ_ONLY_STORE, tmp_path, env, timeout=300)
     assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr[-3000:]
     assert done.stdout.split("\n")[:2] == ["read-only", "epochs 6 True"], done.stdout
     warned = [x for x in done.stderr.splitlines() if "mlflow:" in x]
