@@ -68,12 +68,15 @@ def policy_diagnostics(
     ratio: np.ndarray,
     keep: np.ndarray,
     mdp_ids: np.ndarray,
+    logged_index: np.ndarray | None = None,
 ) -> dict[str, float]:
     """Diagnostics of an evaluated policy on the eval rows.
 
     `q`, `probs`, `mask` [N, K]: Q, the policy's probabilities, the candidates; `ratio` [N]:
     π(logged action) / μ(logged action) (0 where the policy cannot take it); `keep` [N]:
-    rows with candidates (those the one-step estimators score); `mdp_ids` [N] episodes.
+    rows with candidates (those the one-step estimators score); `mdp_ids` [N] episodes;
+    `logged_index` [N]: the logged action's candidate position (-1: not a candidate), which
+    adds the policy's action coverage (`coverage`).
     """
     rows = int(keep.sum())
     w_rows = ratio[keep]
@@ -103,6 +106,26 @@ def policy_diagnostics(
         "mean_top_probability": _mean(probs[keep].max(axis=1)) if rows else float("nan"),
         "uniform_top_probability": _mean(1.0 / np.maximum(n_cand, 1)),
         "tied_top_q_fraction": _mean(ties[several]),
+        **(coverage(probs[keep], logged_index[keep]) if logged_index is not None else {}),
+    }
+
+
+def coverage(probs: np.ndarray, logged_index: np.ndarray) -> dict[str, float]:
+    """How much of the policy the logs show: `logged_action_agreement`, the mean
+    probability the policy gives the logged action (for the greedy policy: the share of
+    rows where it picks what the logger did), and `unlogged_pick_fraction`, the share of
+    its picks that go to candidate positions (dqn: actions) no eval row logged, about
+    which the data says nothing."""
+    if not probs.shape[0]:
+        return {"logged_action_agreement": float("nan"), "unlogged_pick_fraction": float("nan")}
+    idx = np.asarray(logged_index).reshape(-1).astype(np.int64)
+    rows = np.arange(idx.size)
+    agree = np.where(idx >= 0, probs[rows, np.clip(idx, 0, None)], 0.0)
+    logged = np.zeros(probs.shape[1], dtype=bool)
+    logged[idx[idx >= 0]] = True
+    return {
+        "logged_action_agreement": _mean(agree),
+        "unlogged_pick_fraction": _mean(probs[:, ~logged].sum(axis=1)),
     }
 
 

@@ -140,6 +140,7 @@ def evaluate_cpe(
         ratio=all_(ratio),
         keep=keep,
         mdp_ids=all_(data.mdp_id),
+        logged_index=all_(idx),
     )
     out["reachable_range"] = reachable_range(out, all_(data.reward), gamma)
     warn_and_summarize(out, policy.label, cpe_nets.notices)

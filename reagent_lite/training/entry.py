@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from collections.abc import Mapping
 from contextlib import nullcontext
 from pathlib import Path
@@ -139,6 +140,7 @@ def run_training(
     """Trains as `cfg` says; the output directory when this node wrote the outputs (node 0),
     else None. `kind`: the config's kind, resolved by the entry point (it travels to every
     worker process). Errors are `ReagentLiteError`s (or `WorkerError` for a bug)."""
+    started = time.monotonic()
     plan = make_plan(cfg, args.node_index, args.run_id)
     setup_logging(plan.ranks[0] == 0, cli_logging)
     log.info("%s workflow\n%s", kind.name, plan.describe())
@@ -166,6 +168,9 @@ def run_training(
             draw_report(out)
         except ReagentLiteError as err:  # the model is written; a missing picture is no failure
             log.warning("report.png not drawn: %s", err)
+    from reagent_lite.run_summary import report_run
+
+    report_run(out, wall_s=time.monotonic() - started)
     return out
 
 
