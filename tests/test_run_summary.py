@@ -154,7 +154,9 @@ def test_no_trusted_estimate_is_undecided_and_says_to_explore(tmp_path: Path) ->
 def test_a_trusted_gain_beyond_two_errors_is_better_and_says_serve(tmp_path: Path) -> None:
     run = _run_dir(tmp_path, _cpe(1.2, 0.02, ess_rows=500.0, ess_episodes=50.0))
     lines = summary_lines(run)
-    assert "  doubly_robust" in "\n".join(lines) and "+20.0% ± 2.0%  trusted" in "\n".join(lines)
+    assert "  doubly_robust" in "\n".join(
+        lines
+    ) and "+20.0% ± 2.0% vs the logger (trusted)" in "\n".join(lines)
     assert _line(lines, "verdict:").startswith("verdict:   BETTER (")
     serve = f"serve it: reagent-lite serve --model {run} --log-dir DIR"
     if len(serve) > MAX_WIDTH - 11:  # the line's label: the path gives way, not the command
