@@ -1,6 +1,6 @@
 """JSON Lines files (`.jsonl`, `.json`, `.ndjson`, optionally `.gz` / `.bz2`) as Arrow tables.
 
-JSON objects are feature maps in the transition table (README.md, section Data); pyarrow's
+JSON objects are feature maps in the transition table (docs/DATA_FORMAT.md); pyarrow's
 JSON reader would turn them into structs whose fields change from block to block, so the
 columns are built here: objects become map<string, float64>, lists of objects lists of
 such maps, anything else what `pa.array` infers.

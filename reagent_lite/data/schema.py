@@ -4,7 +4,7 @@ A `TableSchema` is plain data. The kinds declare theirs (`Kind.schema`): the col
 transition table has (`transition_schema`) around the kind's own action columns; `predict`
 declares the few columns it scores. `ShardValidation` (`data/validate.py`) checks a table
 against whichever schema it is handed, so nothing in `data/` knows a kind. The columns and
-what they mean: README.md, section Data.
+what they mean: docs/DATA_FORMAT.md.
 """
 
 from __future__ import annotations
