@@ -177,6 +177,8 @@ def _verdict(data: ReportData, trusted: dict[str, CpePoint], logger: Returns | N
         noise = 2 * math.hypot(o.std_return / math.sqrt(o.episodes), logger.se)
         word = "within noise" if abs(diff) <= noise else "better" if diff > 0 else "worse"
         return Verdict(word, f"online return {diff:+.1f} against the logger's, 2 SE = {noise:.1f}")
+    if not data.cpe:
+        return Verdict("undecided", "nothing measured: no CPE, no online check")
     if not trusted:
         return Verdict("undecided", "no trusted CPE estimate")
     up = [n for n, p in trusted.items() if p.improvement - 2 * p.std_error > 0]
@@ -264,6 +266,8 @@ def _next_step(
         return f"do not serve it; retrain ({_REMEDIES}) or log more data"
     if verdict.word == "within noise":
         return "no measurable gain: a larger eval table narrows the error bars"
+    if verdict.why.startswith("nothing measured"):
+        return "measure it: give an eval_data_path (CPE), or an env with online_episodes"
     if meta.get("online_evaluation") is None:
         return "CPE undecided: collect logs with exploration (or check online with an env)"
     return "undecided: run more online episodes (evaluation.online_episodes)"

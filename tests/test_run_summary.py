@@ -109,7 +109,7 @@ def _run_dir(
                 "transitions_per_s": 6400.0,
                 "world_size": 1,
                 "eval_td_loss": 0.4,
-                "cpe": cpe,
+                **({"cpe": cpe} if cpe else {}),
                 "max_abs_q": 900.0 if diverging else 3.0,
                 "q_bound": 100.0,
                 **({"q_diverging": True} if diverging else {}),
@@ -149,6 +149,17 @@ def test_no_trusted_estimate_is_undecided_and_says_to_explore(tmp_path: Path) ->
     assert _line(lines, "training:") == (
         "training:  2 epoch(s), 20 optimizer steps in 0.2 s, 6,400 transitions/s"
     )
+
+
+def test_a_run_without_eval_data_says_nothing_was_measured(tmp_path: Path) -> None:
+    run = _run_dir(tmp_path, {})
+    lines = summary_lines(run)
+    assert "  CPE: none (no eval table, or evaluation.calc_cpe_in_training off)" in lines
+    assert _line(lines, "verdict:") == (
+        "verdict:   UNDECIDED (nothing measured: no CPE, no online check)"
+    )
+    assert "give an eval_data_path" in _line(lines, "next:")
+    assert len(lines) <= 20 and all(len(line) <= MAX_WIDTH for line in lines)
 
 
 def test_a_trusted_gain_beyond_two_errors_is_better_and_says_serve(tmp_path: Path) -> None:
