@@ -31,11 +31,15 @@ def test_log_lines_instead_of_progress_frames(tmp_path: Path) -> None:
     assert "epoch 1/1 step 10/10: running loss" in proc.stderr
     records = [line for line in proc.stderr.splitlines() if RECORD.match(line)]
     assert len(records) > 5
-    # Every line is a record or the continuation of a multi-line one (the launch plan).
+    # Every line is a record or the continuation of a multi-line one: the launch plan, and
+    # the end-of-run summary, the last record, whose lines are summary.txt's.
+    log, _, summary = proc.stderr.partition(" INFO reagent_lite: run summary (also in ")
     first = proc.stderr.splitlines()[0]
     assert RECORD.match(first), first
     assert all(
         RECORD.match(line)
         or line.startswith((" ", "mode:", "world size", "this node", "backend", "rendezvous"))
-        for line in proc.stderr.splitlines()
+        for line in log.splitlines()[:-1]  # the last: the summary record's date and time
     ), proc.stderr
+    summary_txt = tmp_path / "outputs/ci/dqn_1node/model/summary.txt"
+    assert summary.splitlines()[1:] == summary_txt.read_text().splitlines()
