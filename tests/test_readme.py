@@ -34,3 +34,16 @@ def test_from_python_example_runs(tmp_path: Path) -> None:
     assert "best_action" in proc.stdout
     assert "epoch records of" in proc.stdout
     assert (tmp_path / "outputs/ci/dqn_1node/model/model.pt2").is_file()
+
+
+def test_the_quick_start_commands_are_the_scripts_ci_runs() -> None:
+    """The two quick-start commands exist as written, and CI runs the test one (`.ci/run`
+    ends with it), so the README's promise is checked on every CI run."""
+    text = (REPO_ROOT / "README.md").read_text(encoding="utf-8")
+    body = text.split("## Quick start — the two commands\n", 1)[1].split("\n## ", 1)[0]
+    first = re.findall(r"```bash\n(.*?)```", body, flags=re.S)[0]
+    commands = [line for line in first.splitlines() if line and not line.startswith("#")]
+    assert commands == ["bash scripts/run_sample.sh", "bash scripts/test.sh"]
+    assert all((REPO_ROOT / c.split()[1]).is_file() for c in commands)
+    ci = (REPO_ROOT / ".ci/run").read_text(encoding="utf-8").strip().splitlines()
+    assert ci[-1] == "bash scripts/test.sh"
