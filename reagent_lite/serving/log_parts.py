@@ -13,7 +13,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from reagent_lite.io_utils import atomic_write
+from reagent_lite.io_utils import atomic_write_bytes
 
 KINDS = ("dqn", "parametric_dqn")
 JOURNAL_DIR = "_journal"  # the timeline skips names starting with "_"
@@ -132,8 +132,11 @@ def table(rows: Sequence[Row], kind: str) -> pa.Table:
 def write_part(path: Path, rows: Sequence[Row], kind: str) -> None:
     """Writes a part durably: a dot-named temp file (skipped by readers), fsynced, renamed
     to `path`, the directory fsynced. Raises OSError (the temp file removed) on failure."""
-    data = table(rows, kind)
-    atomic_write(path, lambda tmp: pq.write_table(data, tmp))
+    # Encoded in memory, then written by Python: a full disk is then an OSError with its
+    # errno (Arrow's own writer reports it without one).
+    buffer = pa.BufferOutputStream()
+    pq.write_table(table(rows, kind), buffer)
+    atomic_write_bytes(path, buffer.getvalue().to_pybytes())
 
 
 def read_records(path: Path) -> list[DecisionRecord]:
@@ -144,8 +147,12 @@ def read_records(path: Path) -> list[DecisionRecord]:
         def fmap(pairs: Iterable[tuple[str, float]]) -> dict[int, float]:
             return {int(k): float(v) for k, v in pairs}
 
-        action = d["action"] if isinstance(d["action"], str) else fmap(d["action"])
-        possible = [a if isinstance(a, str) else fmap(a) for a in d["possible_actions"]]
+        action: str | dict[int, float]
+        possible: list[str] | list[dict[int, float]]
+        if isinstance(d["action"], str):  # dqn
+            action, possible = d["action"], [str(a) for a in d["possible_actions"]]
+        else:
+            action, possible = fmap(d["action"]), [fmap(a) for a in d["possible_actions"]]
         out.append(
             DecisionRecord(
                 decision_id=d["decision_id"],
