@@ -61,7 +61,12 @@ from reagent_lite.serving.log_parts import (
     write_part,
 )
 
-__all__ = ["DecisionLog", "DecisionRecord", "LogUnavailable"]
+__all__ = ["DecisionLog", "DecisionRecord", "LogUnavailable", "RecordRefused"]
+
+
+class RecordRefused(ValueError):
+    """A decision the log will not take because the timeline would refuse its row, or
+    the whole log, for it (the server answers 422 with this message)."""
 
 
 class LogUnavailable(ReagentLiteError, RuntimeError):
@@ -145,16 +150,19 @@ class DecisionLog:
 
     def record(self, rec: DecisionRecord) -> None:
         """Holds `rec` until its feedback (thread-safe; no disk I/O). LogUnavailable when
-        the log is closed or its last write failed; ValueError for a row the timeline
-        would refuse (a propensity outside (0, 1], the wrong action type, a repeated id)."""
-        check_record(rec, self.kind)
+        the log is closed or its last write failed; RecordRefused for a row the timeline
+        would refuse (a propensity outside (0, 1], the wrong action type, a repeated id or
+        a repeated step of a held decision)."""
+        problem = check_record(rec, self.kind)
+        if problem:
+            raise RecordRefused(problem)
         with self._lock:
             self._check_available()
             if rec.decision_id in self._held:
-                raise ValueError(f"decision_id {rec.decision_id!r} is already recorded")
+                raise RecordRefused(f"decision_id {rec.decision_id!r} is already recorded")
             step = (rec.mdp_id, rec.sequence_number)
             if step in self._steps:
-                raise ValueError(
+                raise RecordRefused(
                     f"mdp_id {rec.mdp_id!r}, sequence_number {rec.sequence_number}: a decision "
                     "of that step is already waiting for feedback; expected one per step"
                 )

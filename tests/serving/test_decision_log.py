@@ -4,15 +4,22 @@ recovery of the journal, and concurrent writers."""
 from __future__ import annotations
 
 import dataclasses
+import math
 import re
 import threading
 import time
 from pathlib import Path
 
+import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
-from reagent_lite.serving.decision_log import DecisionLog, DecisionRecord, LogUnavailable
+from reagent_lite.serving.decision_log import (
+    DecisionLog,
+    DecisionRecord,
+    LogUnavailable,
+    RecordRefused,
+)
 
 
 def dqn_record(i: int, t: float | None = None, mdp: str = "ep") -> DecisionRecord:
@@ -140,12 +147,16 @@ def test_concurrent_record_and_feedback(tmp_path: Path) -> None:
 
 def test_bad_records_are_refused_naming_the_field(tmp_path: Path) -> None:
     log = DecisionLog(tmp_path, "dqn")
-    with pytest.raises(ValueError, match=r"action_probability is 0\.0; expected a number in"):
+    with pytest.raises(RecordRefused, match=r"action_probability is 0\.0; expected a number in"):
         log.record(dataclasses.replace(dqn_record(0), action_probability=0.0))
-    with pytest.raises(ValueError, match="action names"):
+    with pytest.raises(RecordRefused, match="action names"):
         log.record(dataclasses.replace(dqn_record(0), action={1: 1.0}))
-    log.record(dqn_record(0))
-    with pytest.raises(ValueError, match="'d0' is already recorded"):
+    with pytest.raises(RecordRefused, match=r"state_features has 3: nan; expected non-neg"):
+        log.record(dataclasses.replace(dqn_record(0), state_features={3: math.nan}))
+    with pytest.raises(RecordRefused, match=r"state_features has -1: 1.0"):
+        log.record(dataclasses.replace(dqn_record(0), state_features={-1: 1.0}))
+    log.record(dataclasses.replace(dqn_record(0), state_features={np.int64(2): np.float32(1)}))
+    with pytest.raises(RecordRefused, match="'d0' is already recorded"):
         log.record(dqn_record(0))
     log.close()
     with pytest.raises(LogUnavailable, match="closed"):
@@ -163,7 +174,7 @@ def test_a_repeated_step_is_refused_while_its_decision_is_held(tmp_path: Path) -
     log = DecisionLog(tmp_path, "dqn")
     log.record(dqn_record(0))
     retry = dataclasses.replace(dqn_record(0), decision_id="retry")
-    with pytest.raises(ValueError, match="mdp_id 'ep', sequence_number 0: a decision of that"):
+    with pytest.raises(RecordRefused, match="mdp_id 'ep', sequence_number 0: a decision of"):
         log.record(retry)
     assert log.feedback("d0", 1.0)
     log.record(dataclasses.replace(dqn_record(1), decision_id="next"))
@@ -190,3 +201,14 @@ def test_an_answered_decisions_deadline_does_not_expire_a_later_one_of_its_id(
     assert log.feedback("d0", 2.0)
     log.close()
     assert [r["reward"] for r in rows(tmp_path)] == [1.0, 2.0]
+
+
+def test_a_parametric_candidate_with_a_bad_value_is_refused(tmp_path: Path) -> None:
+    log = DecisionLog(tmp_path, "parametric_dqn")
+    good = {5: 1.0}
+    rec = dataclasses.replace(dqn_record(0), action=good, possible_actions=[good, {5: math.inf}])
+    with pytest.raises(RecordRefused, match=r"possible_actions\[1\] has 5: inf"):
+        log.record(rec)
+    log.record(dataclasses.replace(rec, possible_actions=[good]))  # one candidate
+    log.close()
+    assert rows(tmp_path)[0]["possible_actions"] == [[("5", 1.0)]]
