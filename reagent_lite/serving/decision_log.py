@@ -28,6 +28,10 @@ Design (what is where, and why nothing is lost):
   server answers 503), so no answered decision goes unlogged.
 * **Threads.** One lock guards the in-memory state; `record` and `feedback` never wait
   for disk I/O (the flusher swaps the buffers out under the lock and writes outside it).
+* **Refusals.** `record` raises `RecordRefused` (422) for a decision whose row the
+  timeline or the workflows would refuse, the whole log with it for a repeated step.
+* One log per directory: an exclusive `flock` on `_journal/.lock` while it is open (the
+  kernel drops it with the process), since two logs would delete each other's journal.
 * `close` writes everything, held decisions as feedback missing, and empties the journal.
 """
 
