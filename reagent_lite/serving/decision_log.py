@@ -49,6 +49,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+import pyarrow.parquet as pq
+
 from reagent_lite.errors import ReagentLiteError
 from reagent_lite.io_utils import describe_os_error, remove_temp_files
 from reagent_lite.serving.log_parts import (
@@ -62,6 +64,7 @@ from reagent_lite.serving.log_parts import (
     part_time_us,
     read_decision_ids,
     read_records,
+    schema,
     write_part,
 )
 
@@ -144,8 +147,10 @@ class DecisionLog:
             remove_temp_files(self.log_dir)
             remove_temp_files(self._journal)
             self._recover()
-        except (OSError, ValueError) as err:
-            os.close(self._dir_lock)
+        except (OSError, ValueError, LogUnavailable) as err:
+            os.close(self._dir_lock)  # not left locked by a log that never opened
+            if isinstance(err, LogUnavailable):
+                raise
             raise LogUnavailable(f"decision log {self.log_dir}: cannot recover: {err}") from err
         self._thread = threading.Thread(target=self._run, name="decision-log", daemon=True)
         self._thread.start()
@@ -353,6 +358,16 @@ class DecisionLog:
         finals, journal = list_parts(self.log_dir), list_parts(self._journal)
         times = [part_time_us(p.name) or 0 for p in finals + journal]
         self._last_us = max(times, default=0)
+        if finals:
+            # Parts of another kind (or format) in one directory: the timeline would refuse it.
+            found = pq.read_schema(finals[-1])
+            if not found.equals(schema(self.kind)):
+                action = found.field("action").type if "action" in found.names else "none"
+                raise LogUnavailable(
+                    f"decision log {self.log_dir}: {finals[-1].name} holds rows of another kind "
+                    f"or format (action: {action}); expected {self.kind} decision-log parts: "
+                    "give this model its own log directory"
+                )
         if not journal:
             return
         oldest = part_time_us(journal[0].name) or 0

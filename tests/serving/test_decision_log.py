@@ -212,3 +212,12 @@ def test_a_parametric_candidate_with_a_bad_value_is_refused(tmp_path: Path) -> N
     log.record(dataclasses.replace(rec, possible_actions=[good]))  # one candidate
     log.close()
     assert rows(tmp_path)[0]["possible_actions"] == [[("5", 1.0)]]
+
+
+def test_a_directory_of_another_kinds_parts_is_refused(tmp_path: Path) -> None:
+    log = DecisionLog(tmp_path, "dqn")
+    log.record(dqn_record(0))
+    log.close()
+    with pytest.raises(LogUnavailable, match=r"holds rows of another kind or format \(action: "):
+        DecisionLog(tmp_path, "parametric_dqn")
+    DecisionLog(tmp_path, "dqn").close()  # the same kind goes on (and the lock was let go)

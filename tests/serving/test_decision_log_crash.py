@@ -39,7 +39,7 @@ while True:
 FLUSH_S = 0.2
 # What a kill may lose: decisions of the last flush interval, plus the time the write
 # under way takes on a busy machine.
-MAY_LOSE_S = FLUSH_S + 1.0
+MAY_LOSE_S = FLUSH_S + 1.5
 LAG = 100
 
 
