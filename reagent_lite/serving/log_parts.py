@@ -96,6 +96,13 @@ def check_record(rec: DecisionRecord, kind: str) -> str | None:
     for name, value in (("sequence_number", rec.sequence_number), ("time_s", rec.time_s)):
         if not is_number(value) or (name == "sequence_number" and int(value) != value):
             return f"decision {rec.decision_id!r}: {name} is {value!r}; expected a finite number"
+    if not isinstance(rec.state_features, Mapping) or not isinstance(
+        rec.possible_actions, (list, tuple)
+    ):
+        return (
+            f"decision {rec.decision_id!r}: state_features is a {type(rec.state_features)} "
+            f"and possible_actions a {type(rec.possible_actions)}; expected a dict and a list"
+        )
     p = rec.action_probability
     if not is_number(p) or not 0.0 < p <= 1.0:
         return (

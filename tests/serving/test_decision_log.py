@@ -233,6 +233,8 @@ def test_values_of_the_wrong_type_are_refused_before_they_reach_the_writer(
         log.record(dataclasses.replace(dqn_record(0), sequence_number=1.5))  # type: ignore[arg-type]
     with pytest.raises(RecordRefused, match=r"state_features has 1: '2'"):
         log.record(dataclasses.replace(dqn_record(0), state_features={1: "2"}))  # type: ignore[dict-item]
+    with pytest.raises(RecordRefused, match="possible_actions a <class 'str'>; expected a"):
+        log.record(dataclasses.replace(dqn_record(0), possible_actions="ab"))  # type: ignore[arg-type]
     log.record(dataclasses.replace(dqn_record(0), sequence_number=np.int64(0)))
     with pytest.raises(RecordRefused, match="feedback for 'd0': reward is nan; expected a finite"):
         log.feedback("d0", math.nan)
