@@ -62,10 +62,10 @@ def test_feedback_joined_and_missing_rows(tmp_path: Path) -> None:
 
 
 def test_late_feedback_joined_within_the_window_then_unmatched(tmp_path: Path) -> None:
-    log = DecisionLog(tmp_path, "dqn", flush_interval_s=0.05, feedback_window_s=1.0)
+    log = DecisionLog(tmp_path, "dqn", flush_interval_s=0.05, feedback_window_s=4.0)
     log.record(dqn_record(0))
     log.record(dqn_record(1))
-    time.sleep(0.3)  # several flushes: both held (and journaled), neither written yet
+    time.sleep(0.5)  # several flushes: both held (and journaled), neither written yet
     assert log.stats()["pending"] == 2
     assert log.feedback("d0", 1.5)  # late, but within the window
     deadline = time.monotonic() + 30
