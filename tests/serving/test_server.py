@@ -104,6 +104,12 @@ def test_bad_requests_are_422_naming_the_field(dqn_model: Path, serve) -> None:
     assert status == 422 and "Traceback" not in str(answer)
     status, answer = server.request("POST", "/v1/feedback", {"decision_id": "x", "reward": "y"})
     assert status == 422 and "reward: Input should be a valid number" in answer["error"]
+    # A step of an episode answered twice while the first still waits for its feedback:
+    # the timeline would refuse the log, so the second is a bad request.
+    step = {"state_features": {"0": 1}, "mdp_id": "dup", "sequence_number": 0}
+    assert server.act(step)[0] == 200
+    status, answer = server.act(step)
+    assert status == 422 and "'dup'" in answer["error"], answer
     # The server still answers after all that.
     assert server.act({"state_features": {"0": 1}})[0] == 200
 
