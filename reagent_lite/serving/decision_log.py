@@ -59,6 +59,7 @@ from reagent_lite.serving.log_parts import (
     DecisionRecord,
     Row,
     check_record,
+    is_number,
     list_parts,
     part_name,
     part_time_us,
@@ -183,7 +184,14 @@ class DecisionLog:
         self, decision_id: str, reward: float, metrics: Mapping[str, float] | None = None
     ) -> bool:
         """Joins `reward` (and `metrics`) to a held decision; False (counted) when no
-        decision `decision_id` is held: unknown, its window ended, or already answered."""
+        decision `decision_id` is held: unknown, its window ended, or already answered.
+        RecordRefused for a reward or metric that is not a finite number."""
+        values = {"reward": reward, **{f"metrics[{k!r}]": v for k, v in (metrics or {}).items()}}
+        for name, value in values.items():
+            if not is_number(value):
+                raise RecordRefused(
+                    f"feedback for {decision_id!r}: {name} is {value!r}; expected a finite number"
+                )
         with self._lock:
             if self._closed:
                 raise LogUnavailable(f"decision log {self.log_dir} is closed")
@@ -191,7 +199,8 @@ class DecisionLog:
             if held is None:
                 self._counts["feedback_unmatched"] += 1
                 return False
-            self._ready.append(Row(held.rec, float(reward), dict(metrics or {}), False))
+            row_metrics = {str(k): float(v) for k, v in (metrics or {}).items()}
+            self._ready.append(Row(held.rec, float(reward), row_metrics, False))
             self._counts["feedback_joined"] += 1
             if len(self._ready) >= self._max_rows:
                 self._wake.notify()

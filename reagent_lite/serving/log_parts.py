@@ -81,10 +81,30 @@ def _fmap(features: FeatureMap) -> list[tuple[str, float]]:
     return [(str(int(k)), float(v)) for k, v in features.items()]
 
 
+def is_number(value: object) -> bool:
+    """A finite real number (numpy's too; not a bool, not a string)."""
+    return isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value)
+
+
 def check_record(rec: DecisionRecord, kind: str) -> str | None:
-    """What is wrong with `rec` (naming the field) when the timeline would refuse its row."""
+    """What is wrong with `rec` (naming the field) when the timeline would refuse its row,
+    or when it could not be written at all (a value of the wrong type, found here rather
+    than by the flusher, where it would hold up every row after it)."""
+    for name in ("decision_id", "mdp_id", "model_id"):
+        if not isinstance(getattr(rec, name), str):
+            return f"decision {rec.decision_id!r}: {name} is {getattr(rec, name)!r}; expected a str"
+    for name, value in (("sequence_number", rec.sequence_number), ("time_s", rec.time_s)):
+        if not is_number(value) or (name == "sequence_number" and int(value) != value):
+            return f"decision {rec.decision_id!r}: {name} is {value!r}; expected a finite number"
+    if not isinstance(rec.state_features, Mapping) or not isinstance(
+        rec.possible_actions, (list, tuple)
+    ):
+        return (
+            f"decision {rec.decision_id!r}: state_features is a {type(rec.state_features)} "
+            f"and possible_actions a {type(rec.possible_actions)}; expected a dict and a list"
+        )
     p = rec.action_probability
-    if not isinstance(p, (int, float)) or not math.isfinite(p) or not 0.0 < p <= 1.0:
+    if not is_number(p) or not 0.0 < p <= 1.0:
         return (
             f"decision {rec.decision_id!r}: action_probability is {p!r}; expected a number "
             "in (0, 1]"
@@ -114,7 +134,7 @@ def check_record(rec: DecisionRecord, kind: str) -> str | None:
         ]
     for name, features in maps:
         for k, v in features.items():
-            if not isinstance(k, numbers.Integral) or k < 0 or not math.isfinite(v):
+            if not isinstance(k, numbers.Integral) or k < 0 or not is_number(v):
                 return (
                     f"decision {rec.decision_id!r}: {name} has {k!r}: {v!r}; expected "
                     "non-negative integer feature ids and finite values"

@@ -62,10 +62,10 @@ def test_feedback_joined_and_missing_rows(tmp_path: Path) -> None:
 
 
 def test_late_feedback_joined_within_the_window_then_unmatched(tmp_path: Path) -> None:
-    log = DecisionLog(tmp_path, "dqn", flush_interval_s=0.05, feedback_window_s=1.0)
+    log = DecisionLog(tmp_path, "dqn", flush_interval_s=0.05, feedback_window_s=4.0)
     log.record(dqn_record(0))
     log.record(dqn_record(1))
-    time.sleep(0.3)  # several flushes: both held (and journaled), neither written yet
+    time.sleep(0.5)  # several flushes: both held (and journaled), neither written yet
     assert log.stats()["pending"] == 2
     assert log.feedback("d0", 1.5)  # late, but within the window
     deadline = time.monotonic() + 30
@@ -221,3 +221,27 @@ def test_a_directory_of_another_kinds_parts_is_refused(tmp_path: Path) -> None:
     with pytest.raises(LogUnavailable, match=r"holds rows of another kind or format \(action: "):
         DecisionLog(tmp_path, "parametric_dqn")
     DecisionLog(tmp_path, "dqn").close()  # the same kind goes on (and the lock was let go)
+
+
+def test_values_of_the_wrong_type_are_refused_before_they_reach_the_writer(
+    tmp_path: Path,
+) -> None:
+    log = DecisionLog(tmp_path, "dqn", flush_interval_s=0.02)
+    with pytest.raises(RecordRefused, match="mdp_id is 7; expected a str"):
+        log.record(dataclasses.replace(dqn_record(0), mdp_id=7))  # type: ignore[arg-type]
+    with pytest.raises(RecordRefused, match=r"sequence_number is 1\.5; expected a finite number"):
+        log.record(dataclasses.replace(dqn_record(0), sequence_number=1.5))  # type: ignore[arg-type]
+    with pytest.raises(RecordRefused, match=r"state_features has 1: '2'"):
+        log.record(dataclasses.replace(dqn_record(0), state_features={1: "2"}))  # type: ignore[dict-item]
+    with pytest.raises(RecordRefused, match="possible_actions a <class 'str'>; expected a"):
+        log.record(dataclasses.replace(dqn_record(0), possible_actions="ab"))  # type: ignore[arg-type]
+    log.record(dataclasses.replace(dqn_record(0), sequence_number=np.int64(0)))
+    with pytest.raises(RecordRefused, match="feedback for 'd0': reward is nan; expected a finite"):
+        log.feedback("d0", math.nan)
+    with pytest.raises(RecordRefused, match=r"metrics\['clicks'\] is 'x'; expected a finite"):
+        log.feedback("d0", 1.0, {"clicks": "x"})  # type: ignore[dict-item]
+    assert log.feedback("d0", 1.0, {"clicks": np.float32(2)})
+    log.record(dqn_record(1))
+    log.close()  # every row written: no bad value held up the writer
+    assert [(r["decision_id"], r["metrics"]) for r in rows(tmp_path)] == [
+        ("d0", [("clicks", 2.0)]), ("d1", [])]  # fmt: skip
