@@ -60,3 +60,14 @@ def test_accepted_connections_send_without_nagle_delay() -> None:
         with conn:
             assert conn.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY)
             assert conn.proto == socket.IPPROTO_TCP  # asyncio sets NODELAY only then
+
+
+def test_a_second_server_on_the_same_log_dir_exits_2(
+    dqn_model: Path, serve, tmp_path: Path
+) -> None:
+    serve(dqn_model, log_dir=tmp_path / "log")
+    result = run_module("reagent_lite.console", "serve", "--model", str(dqn_model),
+                        "--log-dir", str(tmp_path / "log"), "--port", "0", timeout=180)  # fmt: skip
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert f"decision log {tmp_path / 'log'}" in result.stderr
+    assert "Traceback" not in result.stderr
