@@ -1,6 +1,6 @@
 """The training step as one CUDA graph: `GraphStep`, a wrapper around the plain step.
 
-`GraphStep(step, source, ctx)` takes the plain step (`update.Update`: the trainer's
+`GraphStep(step, source, ctx, peer_sum)` takes the plain step (`update.Update`: the trainer's
 optimizer step and the CPE side models' step, called on a list of micro-batches) and a
 batch source. `capture()` runs a few eager steps on a side stream so that lazily created
 state (Adam moments, cuBLAS workspaces) exists, captures one step reading the source's
@@ -46,6 +46,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from reagent_lite.config.models import Switch
 from reagent_lite.distributed.context import DistContext, is_collective_error
 from reagent_lite.errors import TrainingError
 from reagent_lite.torch_private import silence_capturable_warning
@@ -74,13 +75,16 @@ def graph_blocker(step: Update, ctx: DistContext) -> str:
 
 
 class GraphStep:
-    """The plain `step` captured as one CUDA graph reading `source`'s static buffers."""
+    """The plain `step` captured as one CUDA graph reading `source`'s static buffers;
+    `peer_sum`: `training.step_plan.p2p_allreduce`, for several ranks."""
 
-    def __init__(self, step: Update, source: BatchSource, ctx: DistContext) -> None:
+    def __init__(
+        self, step: Update, source: BatchSource, ctx: DistContext, peer_sum: Switch
+    ) -> None:
         self.ctx = ctx
         self.ranks = ctx.world_size
         # Over several ranks the graph averages the gradients itself (module notes).
-        self.step = step.averaging_gradients(ctx) if self.ranks > 1 else step
+        self.step = step.averaging_gradients(ctx, peer_sum) if self.ranks > 1 else step
         self.source = source
         self.graph: torch.cuda.CUDAGraph | None = None
         self._static: StaticRows | None = None
