@@ -49,7 +49,9 @@ from torch import Tensor, nn
 from reagent_lite.config.models import Switch
 from reagent_lite.distributed.context import DistContext, is_collective_error
 from reagent_lite.errors import TrainingError
+from reagent_lite.evaluation.cpe_models import CpeModelTrainer
 from reagent_lite.torch_private import silence_capturable_warning
+from reagent_lite.trainers.common import QLearningTrainer
 from reagent_lite.training.sources import BatchSource, StaticRows
 from reagent_lite.training.update import Update
 
@@ -63,14 +65,18 @@ _WARMUP_STEPS = 3
 _HEARTBEAT_STEPS = 64
 
 
-def graph_blocker(step: Update, ctx: DistContext) -> str:
-    """Why `step` cannot be captured ("" when it can)."""
-    if isinstance(step.trainer.q_net, nn.DataParallel):
+def graph_blocker(
+    trainer: QLearningTrainer[Any], cpe: CpeModelTrainer | None, ctx: DistContext
+) -> str:
+    """Why the step of `trainer` (and the CPE models' `cpe`) cannot be captured ("" when it
+    can): decided before the step is built, which is built for the graph or not."""
+    if isinstance(trainer.q_net, nn.DataParallel):
         return "the network is wrapped by DataParallel (its steps run eagerly)"
     if ctx.world_size > 1 and ctx.backend != "nccl":
         return f"DDP over {ctx.backend}: only NCCL all-reduces can be captured"
-    if not all(adam_family(o) for o in step.optimizers()):
-        return f"optimizer {type(step.trainer.optimizer).__name__} is not Adam/AdamW"
+    optimizers = [trainer.optimizer] + ([cpe.optimizer] if cpe is not None else [])
+    if not all(adam_family(o) for o in optimizers):
+        return f"optimizer {type(trainer.optimizer).__name__} is not Adam/AdamW"
     return ""
 
 

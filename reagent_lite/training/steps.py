@@ -201,26 +201,27 @@ def build_step_runner(
     else:
         source = ResidentRows(columns, data.pack, sampler, steps_per_epoch, mps, batch)
     options = forward_options(step_variants, device, precision)
-    loss = CompiledLoss(trainer, options) if compiled else None
-    cpe_loss = CompiledCpeLoss(cpe, options) if compiled and cpe is not None else None
+    # Captured or not is decided first, so that the step is built for it, not patched after.
+    wants_graph = cuda_graphs and device.type == "cuda"
+    why_eager = graph_blocker(trainer, cpe, ctx) if wants_graph else ""
+    captured = wants_graph and not why_eager
+    # The optimizer steps are compiled only under a graph: compiled.py says why.
+    apply = cpe_apply = None
+    if captured and compiled:
+        apply = CompiledApply(trainer.optimizer, trainer.apply_update, "optimizer step")
+        if cpe is not None:
+            cpe_apply = CompiledApply(cpe.optimizer, cpe.apply_update, "CPE models' optimizer step")
     update = Update(
         trainer,
         cpe,
         torch.zeros((), device=device),
         precision=precision,
-        loss=loss,
-        cpe_loss=cpe_loss,
+        loss=CompiledLoss(trainer, options) if compiled else None,
+        cpe_loss=CompiledCpeLoss(cpe, options) if compiled and cpe is not None else None,
+        apply=apply,
+        cpe_apply=cpe_apply,
     )
-    graph, why_eager = None, ""
-    if cuda_graphs and device.type == "cuda":
-        why_eager = graph_blocker(update, ctx)
-        if not why_eager and compiled:  # only under a graph: compiled.py says why
-            update.apply = CompiledApply(trainer.optimizer, trainer.apply_update, "optimizer step")
-            if cpe is not None:
-                update.cpe_apply = CompiledApply(
-                    cpe.optimizer, cpe.apply_update, "CPE models' optimizer step"
-                )
-        graph = None if why_eager else GraphStep(update, source, ctx, step_plan.p2p_allreduce)
+    graph = GraphStep(update, source, ctx, step_plan.p2p_allreduce) if captured else None
     plan = StepPlan(
         device=device,
         world_size=ctx.world_size,
