@@ -40,7 +40,7 @@ from typing import Any
 
 import torch
 
-from reagent_lite.distributed.peer_sum import P2P_ENV
+from reagent_lite.distributed.peer_sum import KEY as P2P_KEY
 from reagent_lite.training.verify import VERIFY_ENV
 
 REPO = Path(__file__).resolve().parents[1]
@@ -167,10 +167,12 @@ def _weak_scaling(
             alone = variant == "independent"
             run_dirs = [out / f"{tag}_{i}" for i in range(n)] if alone else [out / tag]
             cmds = []
-            extra = {P2P_ENV: "0"} if variant == "nccl" else {}
+            extra: dict[str, str] = {}
             if args.verify_every:
                 extra[VERIFY_ENV] = str(args.verify_every)
             fields = scaling_fields(common, args, batch, graphs)
+            if variant == "nccl":
+                fields["training"]["step_plan"] = {"p2p_allreduce": "off"}
             for i, run_dir in enumerate(run_dirs):
                 cfg = _config(
                     out / f"{run_dir.name}.json",
@@ -328,7 +330,7 @@ def main() -> None:
     parser.add_argument(
         "--nccl-baseline",
         action="store_true",
-        help=f"also G GPUs with the gradients all-reduced by NCCL ({P2P_ENV}=0)",
+        help=f"also G GPUs with the gradients all-reduced by NCCL ({P2P_KEY}: off)",
     )
     parser.add_argument(
         "--verify-every",

@@ -161,6 +161,8 @@ class RainbowParameters(_Model):
 
 
 Precision = Literal["fp32", "tf32", "bf16"]
+# A speed-up's switch: where measured faster / wherever it can run (else a warning) / never.
+Switch = Literal["auto", "on", "off"]
 
 
 class StepVariants(_Model):
@@ -181,11 +183,35 @@ class StepVariants(_Model):
         "Inductor fuses with the activation before it. auto: every compiled step; off: the "
         "matrix product (a 4-GPU run of the sum once scaled poorly on one host).",
     )
-    candidate_kernel: Literal["auto", "off"] = Field(
+    candidate_kernel: Switch = Field(
         default="auto",
         description="Score a parametric candidate set without gradient (double Q's next "
         "candidate) with one Triton kernel for the first layer and its ReLU. auto: compiled "
-        "CUDA steps where Triton is installed; off: the plain layer.",
+        "CUDA steps where Triton is installed; on: the same, with a warning where it cannot "
+        "run (no CUDA, no Triton, compile off); off: the plain layer.",
+    )
+
+
+class StepPlanParameters(_Model):
+    """`training.step_plan`: the step's speed-ups outside the networks' forward. `auto`
+    takes one where it was measured faster and says in the step's log line why not
+    elsewhere; `on` also warns when it cannot be taken; `off` keeps the plain path."""
+
+    p2p_allreduce: Switch = Field(
+        default="auto",
+        description="Sum the gradients of a CUDA-graph step over the GPUs of one host with "
+        "one peer-to-peer kernel (symmetric memory) instead of NCCL. auto: where every rank "
+        "can use it and a test sum is right, for up to 8 MiB of gradients; on: also past "
+        "8 MiB, with a warning where it cannot be used (one rank, CPU, several nodes, no "
+        "peer access); off: NCCL (set it where peer access runs over PCIe).",
+    )
+    keep_freed_memory: Switch = Field(
+        default="auto",
+        description="Keep freed host memory for reuse between steps (glibc mallopt: mmap "
+        "threshold 32 MiB, trim threshold 512 MiB), so that a CPU step's activations are "
+        "not page-faulted in again every step. auto: CPU runs, unless an allocator is "
+        "preloaded or glibc's malloc tunables are set; on: GPU runs too, with a warning "
+        "where it cannot be set; off: malloc left alone.",
     )
 
 
@@ -289,6 +315,12 @@ class TrainingParameters(_Model):
         default_factory=StepVariants,
         description="With compile: the faster forms of the forward the compiled step traces "
         "(the step's log line names those taken).",
+    )
+    step_plan: StepPlanParameters = Field(
+        default_factory=StepPlanParameters,
+        description="The step's speed-ups outside the forward: the GPUs' gradient sum and "
+        "host memory reuse (the step's log line and the first epoch's metrics.jsonl record "
+        "name every choice taken, and why not).",
     )
 
     @model_validator(mode="before")

@@ -16,6 +16,7 @@ import torch.distributed as dist
 from torch import Tensor
 
 # Re-exported: callers ask the context whether an error is a failed collective.
+from reagent_lite.config.models import Switch
 from reagent_lite.distributed.failures import is_collective_error as is_collective_error
 from reagent_lite.distributed.peer_sum import PeerSum, agree_on_peer_sum
 from reagent_lite.torch_private import foreach_copy_
@@ -118,12 +119,12 @@ class DistContext:
             dist.all_reduce(torch.zeros(1, device=self._tensor_device()))
 
     def gradient_average(
-        self, params: Iterable[Tensor], *, scaled_backward: bool = False
+        self, params: Iterable[Tensor], *, scaled_backward: bool = False, peer_sum: Switch
     ) -> GradAverage:
         """What DDP's reducer does to the gradients of `params`, as one callable made of
         tensor ops and one all-reduce, so that it can be captured in a CUDA graph
-        (`scaled_backward`: see `GradAverage`)."""
-        return GradAverage(self, list(params), scaled_backward=scaled_backward)
+        (`scaled_backward`, `peer_sum`: see `GradAverage`)."""
+        return GradAverage(self, list(params), scaled_backward=scaled_backward, peer_sum=peer_sum)
 
     def barrier(self) -> None:
         """Wait until every rank gets here."""
@@ -151,7 +152,8 @@ class GradAverage:
 
     On one host the sum is one kernel over peer links (`peer_sum.PeerSum`) where every rank
     can use it, else NCCL's all-reduce; the first call (an eager step, before any capture)
-    decides, every rank the same way (`peer_sum.agree_on_peer_sum`).
+    decides, every rank the same way (`peer_sum.agree_on_peer_sum`), as `peer_sum`
+    (`training.step_plan.p2p_allreduce`) allows.
 
     With `scaled_backward` the caller's backward already multiplied the gradients by
     `loss_scale` (1 / world size, as the seed of the backward: `trainers.optim.BackwardSeed`)
@@ -161,9 +163,17 @@ class GradAverage:
     precision under bf16 autocast, where the scaled gradients pass through bf16), the same
     on every rank."""
 
-    def __init__(self, ctx: DistContext, params: list[Tensor], *, scaled_backward: bool = False):
+    def __init__(
+        self,
+        ctx: DistContext,
+        params: list[Tensor],
+        *,
+        scaled_backward: bool = False,
+        peer_sum: Switch,
+    ):
         self.ctx = ctx
         self.scaled_backward = scaled_backward
+        self.peer_sum = peer_sum
         self.params = [p for p in params if p.requires_grad]
         # Views of one flat buffer can stand for the gradients only where they would have
         # the gradient's own layout and dtype.
@@ -172,6 +182,7 @@ class GradAverage:
         )
         self._peer: PeerSum | None = None  # the one-kernel sum, if the first call chose it
         self._decided = False
+        self.peer_declined = ""  # why the first call chose no peer sum, once it chose
         # Whether any call summed through the process group's all-reduce (NCCL on GPUs):
         # a graph captured over such a call holds an NCCL collective.
         self.used_all_reduce = False
@@ -180,6 +191,12 @@ class GradAverage:
     def loss_scale(self) -> float:
         """What the caller's backward must multiply the gradients by (1: nothing)."""
         return 1.0 / self.ctx.world_size if self.scaled_backward else 1.0
+
+    def peer_choice(self) -> str:
+        """The step plan's name for the route: "on" (the peer sum) or "off (why)"."""
+        if self._peer is not None:
+            return "on"
+        return f"off ({self.peer_declined or 'not decided yet: no gradient summed'})"
 
     def describe(self) -> str:
         if self._peer is not None:
@@ -193,11 +210,14 @@ class GradAverage:
         numel = sum(g.numel() for g in grads)
         if not self._decided:
             # The same params on every rank: every rank asks, or none does.
-            self._peer = (
-                agree_on_peer_sum(self.ctx, numel, grads[0].dtype)
-                if self.ctx.is_distributed and self._views
-                else None
-            )
+            if not self.ctx.is_distributed:
+                self.peer_declined = "no process group"
+            elif not self._views:
+                self.peer_declined = "gradients of mixed layouts or dtypes"
+            else:
+                self._peer, self.peer_declined = agree_on_peer_sum(
+                    self.ctx, numel, grads[0].dtype, self.peer_sum
+                )
             self._decided = True
         # NCCL where no peer sum fits (or the gradient set changed size: the same everywhere).
         peer = self._peer if self._peer is not None and self._peer.input.numel() == numel else None

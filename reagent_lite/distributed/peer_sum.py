@@ -13,21 +13,21 @@ NVLink: 15.4 against 16.0 µs a call inside a graph, 86.6% against 84.1% weak sc
 NCCL job on CUDA, every local GPU visible to every rank with peer access between them,
 float32 or bfloat16 gradients, the operator present, and a test sum right on every rank.
 Each stage ends in an agreement (`DistContext.all_agree`), so a rank that fails at one
-stage takes its peers back to NCCL with it instead of leaving them inside a collective;
-`REAGENT_LITE_P2P_ALLREDUCE=0` forces NCCL. (Over PCIe-only peer access the one kernel
-is not known to be faster: set it there.)
+stage takes its peers back to NCCL with it instead of leaving them inside a collective.
+The step plan passes `training.step_plan.p2p_allreduce` in: `off` forces NCCL (over
+PCIe-only peer access the one kernel is not known to be faster: set it there), `on` also
+takes gradients past `MAX_BYTES`.
 """
 
 from __future__ import annotations
 
 import logging
-import os
-from collections.abc import Mapping
 from typing import Protocol
 
 import torch
 from torch import Tensor
 
+from reagent_lite.config.models import Switch
 from reagent_lite.distributed.failures import is_collective_error
 from reagent_lite.torch_private import (
     has_one_shot_sum,
@@ -38,7 +38,7 @@ from reagent_lite.torch_private import (
 
 log = logging.getLogger("reagent_lite")
 
-P2P_ENV = "REAGENT_LITE_P2P_ALLREDUCE"
+KEY = "training.step_plan.p2p_allreduce"
 # Where the one-shot kernel stops paying: every rank reads every peer's whole buffer, so
 # its traffic grows with G × size while a ring's stays ≈ 2 × size. Past this NCCL is used.
 MAX_BYTES = 8 << 20
@@ -72,12 +72,12 @@ def peer_sum_blocker(
     procs_per_node: int,
     nbytes: int,
     dtype: torch.dtype = torch.float32,
-    env: Mapping[str, str] | None = None,
+    mode: Switch,
 ) -> str:
-    """Why this rank cannot sum gradients with `PeerSum` ("" when it can try)."""
-    env = os.environ if env is None else env
-    if env.get(P2P_ENV, "").strip() == "0":
-        return f"{P2P_ENV}=0"
+    """Why this rank cannot sum gradients with `PeerSum` ("" when it can try); `mode`:
+    `training.step_plan.p2p_allreduce`."""
+    if mode == "off":
+        return f"{KEY} is off"
     if world_size < 2:
         return "one rank"
     if backend != "nccl" or device.type != "cuda":
@@ -86,7 +86,7 @@ def peer_sum_blocker(
         return f"{world_size} ranks over {world_size // max(procs_per_node, 1)} nodes"
     if dtype not in _DTYPES:
         return f"{dtype} gradients (the one-shot sum takes float32 and bfloat16)"
-    if nbytes > MAX_BYTES:
+    if nbytes > MAX_BYTES and mode == "auto":
         return f"{nbytes / 2**20:.0f} MiB of gradients (the one-shot sum pays below 8 MiB)"
     if not has_one_shot_sum():
         return f"torch {torch.__version__} has no one-shot symmetric-memory all-reduce"
@@ -127,9 +127,12 @@ class PeerSum:
         return ok
 
 
-def agree_on_peer_sum(ctx: Group, numel: int, dtype: torch.dtype) -> PeerSum | None:
-    """A verified `PeerSum` on every rank, or None on every rank (then NCCL sums). Called by
-    every rank at the same point, outside any CUDA graph capture."""
+def agree_on_peer_sum(
+    ctx: Group, numel: int, dtype: torch.dtype, mode: Switch
+) -> tuple[PeerSum | None, str]:
+    """A verified `PeerSum` on every rank, or None on every rank (then NCCL sums), with
+    why not (for the step plan's record). Called by every rank at the same point, outside
+    any CUDA graph capture; `mode`: `training.step_plan.p2p_allreduce`."""
     why = peer_sum_blocker(
         backend=ctx.backend,
         device=ctx.device,
@@ -137,18 +140,17 @@ def agree_on_peer_sum(ctx: Group, numel: int, dtype: torch.dtype) -> PeerSum | N
         procs_per_node=ctx.procs_per_node,
         nbytes=numel * dtype.itemsize,
         dtype=dtype,
+        mode=mode,
     )
     if not ctx.all_agree(not why):
-        _declined(ctx, why, failed=False)
-        return None
+        return None, _declined(ctx, why, failed=False)
     buf: Tensor | None = None
     try:  # this rank's buffer alone: no peer involved yet
         buf = symmetric_empty(numel, dtype, ctx.device)
     except Exception as err:
         why = f"symmetric memory could not be allocated: {_first_line(err)}"
     if not ctx.all_agree(buf is not None):
-        _declined(ctx, why)
-        return None
+        return None, _declined(ctx, why)
     assert buf is not None
     peer: PeerSum | None = None
     try:  # every rank is here: the rendezvous (a collective), then a test sum
@@ -161,19 +163,22 @@ def agree_on_peer_sum(ctx: Group, numel: int, dtype: torch.dtype) -> PeerSum | N
             raise  # a peer died: the launcher's error, not a reason to fall back
         why, peer = f"symmetric memory failed: {_first_line(err)}", None
     if not ctx.all_agree(peer is not None):
-        _declined(ctx, why)
-        return None
-    return peer
+        return None, _declined(ctx, why)
+    return peer, ""
 
 
-def _declined(ctx: Group, why: str, *, failed: bool = True) -> None:
+def _declined(ctx: Group, why: str, *, failed: bool = True) -> str:
     """Says why the sum stays on NCCL: this rank's reason, or that another rank had one. A
-    setup (gloo, several nodes, the switch) is worth an info line; a failure a warning."""
+    setup (gloo, several nodes, the switch) is worth an info line; a failure a warning.
+    Returns the reason."""
     level = logging.WARNING if failed else logging.INFO
     if why:
         log.log(level, "gradient all-reduce by NCCL on rank %d: %s", ctx.rank, why)
-    elif ctx.is_rank_zero:
-        log.log(level, "gradient all-reduce by NCCL: another rank cannot use the one-shot sum")
+        return why
+    why = "another rank cannot use the one-shot sum"
+    if ctx.is_rank_zero:
+        log.log(level, "gradient all-reduce by NCCL: %s", why)
+    return why
 
 
 def _first_line(err: BaseException) -> str:

@@ -50,24 +50,35 @@ class ForwardOptions:
     def changes_anything(self) -> bool:
         return bool(self.row_align or self.sum_outputs or self.candidate_kernel)
 
+    def applies(self, net: nn.Module) -> dict[str, bool]:
+        """Which forms change something in `net`, by their `training.step_variants` key."""
+        mlps = [m for m in net.modules() if isinstance(m, MLP)]
+        return {
+            "pad_first_layer": any(self.first_padding(m.linear(0)) for m in mlps),
+            "output_sum": any(
+                m.ends_in_output and m.linear(-1).out_features <= self.sum_outputs for m in mlps
+            ),
+            "candidate_kernel": self.candidate_kernel
+            and any(
+                isinstance(m, ParametricQNetwork) and candidate_layer.fits(m) for m in net.modules()
+            ),
+        }
+
     def names(self, net: nn.Module) -> list[str]:
         """The forms that change something in `net` (for the step's log line), e.g.
         ["first layer padded to 16 bytes", "output layer as a product and a sum"]."""
-        mlps = [m for m in net.modules() if isinstance(m, MLP)]
-        out = []
-        if any(self.first_padding(m.linear(0)) for m in mlps):
-            out.append("first layer padded to 16 bytes")
-        if any(m.ends_in_output and m.linear(-1).out_features <= self.sum_outputs for m in mlps):
-            out.append("output layer as a product and a sum")
-        if self.candidate_kernel and any(
-            isinstance(m, ParametricQNetwork) and candidate_layer.fits(m) for m in net.modules()
-        ):
-            out.append("candidate kernel for grad-free candidate sets")
-        return out
+        return [_NAMES[key] for key, taken in self.applies(net).items() if taken]
 
     def first_padding(self, first: nn.Linear) -> int:
         """The zero features added to the rows of the first layer `first` (0: none)."""
         return -first.in_features % self.row_align if self.row_align else 0
+
+
+_NAMES = {
+    "pad_first_layer": "first layer padded to 16 bytes",
+    "output_sum": "output layer as a product and a sum",
+    "candidate_kernel": "candidate kernel for grad-free candidate sets",
+}
 
 
 class TracedMLP(nn.Module):

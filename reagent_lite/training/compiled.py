@@ -72,7 +72,8 @@ def forward_options(
 ) -> ForwardOptions:
     """The forms a compiled step on `device` in `precision` traces (`models.traced`), as
     `training.step_variants` asks; `auto` is what was measured faster: padding for tf32 /
-    bf16 products on CUDA only, the sum everywhere, the kernel where Triton runs."""
+    bf16 products on CUDA only, the sum everywhere, the kernel where Triton runs (`on`:
+    the same, the step plan warning where it cannot run)."""
     cuda = device.type == "cuda"
     pad = variants.pad_first_layer == "on" or (variants.pad_first_layer == "auto" and cuda)
     # Tensor-core products only: bf16 (2 bytes), float32 on TF32 cores (a CUDA setting: a
@@ -81,7 +82,7 @@ def forward_options(
     return ForwardOptions(
         row_align=ALIGN_BYTES // itemsize if pad and itemsize else 0,
         sum_outputs=SUM_OUTPUTS if variants.output_sum == "auto" else 0,
-        candidate_kernel=variants.candidate_kernel == "auto" and candidate_layer.available(device),
+        candidate_kernel=variants.candidate_kernel != "off" and candidate_layer.available(device),
     )
 
 

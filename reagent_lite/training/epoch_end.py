@@ -38,11 +38,12 @@ def end_epoch(
     global_step: int,
     loss_sum: Tensor,
     elapsed: float,
+    extra: EpochRecord | None = None,
 ) -> TrainState:
     """Epoch `state.epoch` has run its steps (`global_step` in all, `loss_sum` this rank's
     summed loss, in `elapsed` seconds): the state after it. `steps_run`: the steps this
     process ran and timed (fewer than `steps_per_epoch` in an epoch resumed mid-way; all of
-    them when not given)."""
+    them when not given); `extra`: more fields for the record (the step plan)."""
     cfg, ctx, epoch = run.cfg, run.ctx, state.epoch
     # Throughput counts only the steps `elapsed` timed: a resumed epoch's earlier steps ran
     # (and were timed) before the stop.
@@ -71,6 +72,7 @@ def end_epoch(
         "steps_timed": timed,
         "learning_rate": as_float(run.trainer.optimizer.param_groups[0]["lr"]),
         "world_size": ctx.world_size,
+        **(extra or {}),
     }
     if not ctx.is_rank_zero:
         return state.after_epoch(global_step, record, state.best)

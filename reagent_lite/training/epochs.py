@@ -55,7 +55,8 @@ def train_epochs(
             state = replace(state, position=None)
         if not described and ctx.is_rank_zero:
             log.info("%s", runner.describe())
-        described = True
+            for unmet in runner.unmet():
+                log.warning("%s", unmet)
         bar = progress(run, epoch, first, steps_per_epoch)
         _sync(ctx.device)
         # All ranks start the clock together: otherwise the others' first all-reduce
@@ -84,7 +85,10 @@ def train_epochs(
             global_step=global_step,
             loss_sum=runner.loss_sum,
             elapsed=elapsed,
+            # This process's first epoch record names the plan, final after a full epoch.
+            extra=None if described else {"step_plan": runner.plan()},
         )
+        described = True
     replicas.finish(state.global_step)
     ctx.barrier()
     return state

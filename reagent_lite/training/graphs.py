@@ -1,6 +1,6 @@
 """The training step as one CUDA graph: `GraphStep`, a wrapper around the plain step.
 
-`GraphStep(step, source, ctx)` takes the plain step (`update.Update`: the trainer's
+`GraphStep(step, source, ctx, peer_sum)` takes the plain step (`update.Update`: the trainer's
 optimizer step and the CPE side models' step, called on a list of micro-batches) and a
 batch source. `capture()` runs a few eager steps on a side stream so that lazily created
 state (Adam moments, cuBLAS workspaces) exists, captures one step reading the source's
@@ -46,9 +46,12 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from reagent_lite.config.models import Switch
 from reagent_lite.distributed.context import DistContext, is_collective_error
 from reagent_lite.errors import TrainingError
+from reagent_lite.evaluation.cpe_models import CpeModelTrainer
 from reagent_lite.torch_private import silence_capturable_warning
+from reagent_lite.trainers.common import QLearningTrainer
 from reagent_lite.training.sources import BatchSource, StaticRows
 from reagent_lite.training.update import Update
 
@@ -62,25 +65,32 @@ _WARMUP_STEPS = 3
 _HEARTBEAT_STEPS = 64
 
 
-def graph_blocker(step: Update, ctx: DistContext) -> str:
-    """Why `step` cannot be captured ("" when it can)."""
-    if isinstance(step.trainer.q_net, nn.DataParallel):
+def graph_blocker(
+    trainer: QLearningTrainer[Any], cpe: CpeModelTrainer | None, ctx: DistContext
+) -> str:
+    """Why the step of `trainer` (and the CPE models' `cpe`) cannot be captured ("" when it
+    can): decided before the step is built, which is built for the graph or not."""
+    if isinstance(trainer.q_net, nn.DataParallel):
         return "the network is wrapped by DataParallel (its steps run eagerly)"
     if ctx.world_size > 1 and ctx.backend != "nccl":
         return f"DDP over {ctx.backend}: only NCCL all-reduces can be captured"
-    if not all(adam_family(o) for o in step.optimizers()):
-        return f"optimizer {type(step.trainer.optimizer).__name__} is not Adam/AdamW"
+    optimizers = [trainer.optimizer] + ([cpe.optimizer] if cpe is not None else [])
+    if not all(adam_family(o) for o in optimizers):
+        return f"optimizer {type(trainer.optimizer).__name__} is not Adam/AdamW"
     return ""
 
 
 class GraphStep:
-    """The plain `step` captured as one CUDA graph reading `source`'s static buffers."""
+    """The plain `step` captured as one CUDA graph reading `source`'s static buffers;
+    `peer_sum`: `training.step_plan.p2p_allreduce`, for several ranks."""
 
-    def __init__(self, step: Update, source: BatchSource, ctx: DistContext) -> None:
+    def __init__(
+        self, step: Update, source: BatchSource, ctx: DistContext, peer_sum: Switch
+    ) -> None:
         self.ctx = ctx
         self.ranks = ctx.world_size
         # Over several ranks the graph averages the gradients itself (module notes).
-        self.step = step.averaging_gradients(ctx) if self.ranks > 1 else step
+        self.step = step.averaging_gradients(ctx, peer_sum) if self.ranks > 1 else step
         self.source = source
         self.graph: torch.cuda.CUDAGraph | None = None
         self._static: StaticRows | None = None

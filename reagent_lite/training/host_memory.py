@@ -18,21 +18,28 @@ The limit: a single activation of 32 MiB or more (e.g. parametric batch 2048 × 
 candidates × 256 units) is still a fresh `mmap` each time and faulted in every step; for
 such runs preload jemalloc or tcmalloc (`LD_PRELOAD`), which this then leaves alone.
 
-Set once per process, when a CPU run's training is set up (after the shard is loaded, so
+Set once per process, when a run's training is set up (after the shard is loaded, so
 ingest's transient peaks are still returned; disk-streamed windows keep loading later,
-under these settings). The cost: up to 512 MiB of freed heap per malloc arena (in practice
-the main one) stays with the process for reuse; peak memory is unchanged. Left alone with
-`REAGENT_LITE_KEEP_FREED_MEMORY=0`, when an allocator is preloaded (`LD_PRELOAD` naming a
+under these settings), as `training.step_plan.keep_freed_memory` says: `auto` on CPU runs,
+`on` on GPU runs too, `off` never. The cost: up to 512 MiB of freed heap per malloc arena
+(in practice the main one) stays with the process for reuse; peak memory is unchanged.
+Left alone, whatever the config, when an allocator is preloaded (`LD_PRELOAD` naming a
 malloc), when the user set glibc's threshold tunables (`MALLOC_MMAP_THRESHOLD_`,
 `MALLOC_TRIM_THRESHOLD_`, `MALLOC_TOP_PAD_`, `MALLOC_MMAP_MAX_`, or `glibc.malloc.*` in
-`GLIBC_TUNABLES`), and outside glibc.
+`GLIBC_TUNABLES`), and outside glibc; with `on` a warning then says why.
 """
 
 from __future__ import annotations
 
 import ctypes
+import logging
 import os
 import platform
+from dataclasses import dataclass
+
+from reagent_lite.config.models import Switch
+
+log = logging.getLogger("reagent_lite")
 
 # <malloc.h>
 M_TRIM_THRESHOLD = -1
@@ -41,7 +48,7 @@ M_MMAP_THRESHOLD = -3
 MMAP_THRESHOLD = 32 * 2**20
 TRIM_THRESHOLD = 512 * 2**20
 
-OPT_OUT = "REAGENT_LITE_KEEP_FREED_MEMORY"
+KEY = "training.step_plan.keep_freed_memory"
 _THRESHOLD_VARS = (
     "MALLOC_MMAP_THRESHOLD_",
     "MALLOC_TRIM_THRESHOLD_",
@@ -49,21 +56,48 @@ _THRESHOLD_VARS = (
     "MALLOC_MMAP_MAX_",
 )
 
+# What this process's malloc was given: set once, never undone (mallopt is process-wide).
 _applied: str | None = None
 
 
-def keep_freed_memory() -> str:
-    """Apply the settings above (once per process); returns what was done, for the log."""
+@dataclass(frozen=True)
+class HostMemory:
+    """The step plan's choice: whether freed blocks are kept (`kept`) and how or why not
+    (`how`, for the log line and the plan record)."""
+
+    kept: bool
+    how: str
+
+    def plan(self) -> str:
+        """ "on" or "off (why)", as the step plan names its choices."""
+        return "on" if self.kept else f"off ({self.how})"
+
+
+def keep_freed_memory(mode: Switch, *, cuda: bool) -> HostMemory:
+    """The settings above applied (once per process) as `mode` asks for a run on a GPU
+    (`cuda`) or not; `on` warns when they cannot be applied."""
     global _applied
-    if _applied is None:
-        _applied = _apply()
-    return _applied
+    if _applied is not None and _applied.startswith(_KEPT):
+        # A second run in the process (tests, notebooks): the first one's settings hold.
+        return HostMemory(True, _applied)
+    if mode == "off":
+        return HostMemory(False, f"{KEY} is off")
+    if mode == "auto" and cuda:
+        return HostMemory(False, f"a GPU run ({KEY} auto: CPU runs only)")
+    how = _apply()
+    if how.startswith(_KEPT):
+        _applied = how
+        return HostMemory(True, how)
+    if mode == "on":
+        log.warning("%s is on but malloc is %s", KEY, how)
+    return HostMemory(False, how)
+
+
+_KEPT = "freed blocks kept"
 
 
 def _user_choice() -> str:
     """Why the user's environment says to leave malloc alone, or ''."""
-    if os.environ.get(OPT_OUT, "").strip().lower() in ("0", "false", "no", "off"):
-        return f"{OPT_OUT}={os.environ[OPT_OUT]}"
     preloaded = [lib for lib in os.environ.get("LD_PRELOAD", "").split() if "malloc" in lib]
     if preloaded:
         return f"preloaded allocator {' '.join(preloaded)}"
@@ -93,6 +127,6 @@ def _apply() -> str:
     if not mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD):
         return f"mmap threshold {MMAP_THRESHOLD >> 20} MiB; trim threshold refused"
     return (
-        f"freed blocks kept for reuse (glibc mmap threshold {MMAP_THRESHOLD >> 20} MiB, "
-        f"trim threshold {TRIM_THRESHOLD >> 20} MiB; {OPT_OUT}=0 leaves malloc alone)"
+        f"{_KEPT} for reuse (glibc mmap threshold {MMAP_THRESHOLD >> 20} MiB, "
+        f"trim threshold {TRIM_THRESHOLD >> 20} MiB; {KEY}: off leaves malloc alone)"
     )

@@ -19,6 +19,7 @@ import torch
 from torch import nn
 
 from reagent_lite.config import WorkflowConfig
+from reagent_lite.config.models import StepPlanParameters
 from reagent_lite.data.disk_stream import DiskShardStream
 from reagent_lite.data.tensordict import TensorDict
 from reagent_lite.distributed.context import DistContext
@@ -36,7 +37,7 @@ from reagent_lite.training.budget import check_fits
 from reagent_lite.training.divergence import REMEDIES, ended_diverged, probe_rows, q_bound
 from reagent_lite.training.epochs import train_epochs
 from reagent_lite.training.graphs import ddp_construction
-from reagent_lite.training.host_memory import keep_freed_memory
+from reagent_lite.training.host_memory import HostMemory, keep_freed_memory
 from reagent_lite.training.inputs import Fingerprint, fingerprint
 from reagent_lite.training.metrics import MetricsWriter
 from reagent_lite.training.ownership import begin_run, check_same_job
@@ -45,6 +46,7 @@ from reagent_lite.training.run import Run
 from reagent_lite.training.selection import selected_model
 from reagent_lite.training.shard import load_training_shard
 from reagent_lite.training.state import EpochRecord, TrainState
+from reagent_lite.training.step_plan import asked
 from reagent_lite.training.steps import StepRunner, build_step_runner, plan_steps
 from reagent_lite.training.tracking import MlflowTracker
 
@@ -62,6 +64,8 @@ class Workflow:
     run: Run
     q_net_ddp: nn.Module
     steps_per_epoch: int
+    host_memory: HostMemory
+    step_plan: StepPlanParameters
 
     def __init__(
         self,
@@ -129,11 +133,14 @@ class Workflow:
         policy = EvaluatedPolicy(cfg.evaluation.policy, cfg.rl.temperature)
         cpe_nets, cpe = self._cpe_models(dims, policy)
         self._plan_steps()
-        if self.device.type == "cpu":
-            # Step after step the same large activations: their pages kept, not re-faulted.
-            how = keep_freed_memory()
-            if ctx.is_rank_zero:
-                log.info("host memory: %s", how)
+        # The step plan's asks, the deprecated environment switches mapped on (once).
+        self.step_plan = asked(cfg.training.step_plan, warn=ctx.is_rank_zero)
+        # Step after step the same large activations: their pages kept, not re-faulted.
+        self.host_memory = keep_freed_memory(
+            self.step_plan.keep_freed_memory, cuda=self.device.type == "cuda"
+        )
+        if ctx.is_rank_zero and (self.device.type == "cpu" or self.host_memory.kept):
+            log.info("host memory: %s", self.host_memory.how)
         metrics = None
         if ctx.is_rank_zero:
             metrics = MetricsWriter(
@@ -280,6 +287,8 @@ class Workflow:
                 precision=cfg.training.precision,
                 compiled=cfg.training.compile,
                 step_variants=cfg.training.step_variants,
+                step_plan=self.step_plan,
+                host_memory=self.host_memory,
                 disk=self.disk,
                 epochs=cfg.epochs,
             )

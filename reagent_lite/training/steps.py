@@ -11,7 +11,8 @@ optionally the CUDA graph that replays it.
   if capture is impossible or fails the runner says why and stays eager.
 
 `plan_steps` fixes the steps per epoch and the sampler; `build_step_runner` picks the
-source and the step once, from the run's settings.
+source and the step once, from the run's settings, and `StepRunner.plan()` names every
+choice it took (`step_plan.py`).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from typing import Any
 import torch
 
 from reagent_lite.config import BaseWorkflowConfig
-from reagent_lite.config.models import Precision, StepVariants
+from reagent_lite.config.models import Precision, StepPlanParameters, StepVariants
 from reagent_lite.data.disk_stream import DiskShardStream
 from reagent_lite.data.sampler import EpochSampler, UnionSampler
 from reagent_lite.data.tensordict import TensorDict
@@ -37,6 +38,7 @@ from reagent_lite.training.compiled import (
     forward_options,
 )
 from reagent_lite.training.graphs import GraphStep, graph_blocker
+from reagent_lite.training.host_memory import HostMemory
 from reagent_lite.training.sources import (
     BatchSource,
     DiskStreamed,
@@ -45,6 +47,7 @@ from reagent_lite.training.sources import (
     StreamedRows,
     training_columns,
 )
+from reagent_lite.training.step_plan import StepPlan, plan_text
 from reagent_lite.training.update import Update
 
 log = logging.getLogger("reagent_lite")
@@ -59,10 +62,16 @@ class StepRunner:
     `steps_per_epoch` times; `loss_sum` (a device scalar) sums the epoch's losses."""
 
     def __init__(
-        self, source: BatchSource, update: Update, graph: GraphStep | None, why_eager: str = ""
+        self,
+        source: BatchSource,
+        update: Update,
+        graph: GraphStep | None,
+        why_eager: str,
+        plan: StepPlan,
     ) -> None:
         self.source = source
         self.update = update
+        self.step_plan = plan
         self.loss_sum = update.loss_sum
         self.step_rows = source.step_rows
         self.why_eager = why_eager
@@ -87,7 +96,27 @@ class StepRunner:
             mode = self.graph.describe()
         else:
             mode = "eager" + (f" ({self.why_eager})" if self.why_eager else "")
-        return f"training step: {mode}, {self.update.describe()}; data {self.source.describe()}"
+        return (
+            f"training step: {mode}, {self.update.describe()}; data {self.source.describe()}; "
+            + plan_text(self.plan())
+        )
+
+    def plan(self) -> dict[str, str]:
+        """Every choice the step took, "on" or "off (why)" (`step_plan.StepPlan.choices`):
+        final once the first epoch has run its first step (capture, compilation)."""
+        loss = self.update.loss
+        graph = self.graph.step if self.graph is not None else None
+        return self.step_plan.choices(
+            self.update.trainer.online,
+            compile_failed=loss.failed if loss is not None else "",
+            graph=self.graph is not None,
+            why_eager=self.why_eager,
+            sync=graph.q_sync if graph is not None else None,
+        )
+
+    def unmet(self) -> list[str]:
+        """A warning for each choice asked `on` and not taken."""
+        return self.step_plan.unmet(self.plan())
 
     def begin_epoch(self, epoch: int) -> None:
         self.source.begin_epoch(epoch)
@@ -145,6 +174,8 @@ def build_step_runner(
     precision: Precision,
     compiled: bool,
     step_variants: StepVariants,
+    step_plan: StepPlanParameters,
+    host_memory: HostMemory,
     disk: DiskShardStream | None = None,
     epochs: int | None = None,
 ) -> StepRunner:
@@ -152,9 +183,11 @@ def build_step_runner(
     `stream_from_disk`, only its normalized sample: a column template); `resident`:
     `device_resident_data`; `minibatch_size`: the sampler's batch (the micro-batch, or W
     of them when emulating W ranks); `epochs`: the run's epochs (a streamed source reads
-    no chunk past the last); `precision`, `compiled`, `step_variants`: `training.precision`,
-    `training.compile`, `training.step_variants`, the forms the compiled losses trace being
-    decided here, once."""
+    no chunk past the last); `precision`, `compiled`, `step_variants`, `step_plan`:
+    `training.precision`, `training.compile`, `training.step_variants`,
+    `training.step_plan` (the deprecated switches mapped on: `step_plan.asked`), the forms
+    the compiled losses trace being decided here, once; `host_memory`: what setup did to
+    malloc (`host_memory.keep_freed_memory`), for the plan's record."""
     device = ctx.device
     columns = training_columns(data)
     mps, batch = minibatches_per_step, minibatch_size
@@ -168,27 +201,39 @@ def build_step_runner(
     else:
         source = ResidentRows(columns, data.pack, sampler, steps_per_epoch, mps, batch)
     options = forward_options(step_variants, device, precision)
-    loss = CompiledLoss(trainer, options) if compiled else None
-    cpe_loss = CompiledCpeLoss(cpe, options) if compiled and cpe is not None else None
+    # Captured or not is decided first, so that the step is built for it, not patched after.
+    wants_graph = cuda_graphs and device.type == "cuda"
+    why_eager = graph_blocker(trainer, cpe, ctx) if wants_graph else ""
+    captured = wants_graph and not why_eager
+    # The optimizer steps are compiled only under a graph: compiled.py says why.
+    apply = cpe_apply = None
+    if captured and compiled:
+        apply = CompiledApply(trainer.optimizer, trainer.apply_update, "optimizer step")
+        if cpe is not None:
+            cpe_apply = CompiledApply(cpe.optimizer, cpe.apply_update, "CPE models' optimizer step")
     update = Update(
         trainer,
         cpe,
         torch.zeros((), device=device),
         precision=precision,
-        loss=loss,
-        cpe_loss=cpe_loss,
+        loss=CompiledLoss(trainer, options) if compiled else None,
+        cpe_loss=CompiledCpeLoss(cpe, options) if compiled and cpe is not None else None,
+        apply=apply,
+        cpe_apply=cpe_apply,
     )
-    graph, why_eager = None, ""
-    if cuda_graphs and device.type == "cuda":
-        why_eager = graph_blocker(update, ctx)
-        if not why_eager and compiled:  # only under a graph: compiled.py says why
-            update.apply = CompiledApply(trainer.optimizer, trainer.apply_update, "optimizer step")
-            if cpe is not None:
-                update.cpe_apply = CompiledApply(
-                    cpe.optimizer, cpe.apply_update, "CPE models' optimizer step"
-                )
-        graph = None if why_eager else GraphStep(update, source, ctx)
-    return StepRunner(source, update, graph, why_eager)
+    graph = GraphStep(update, source, ctx, step_plan.p2p_allreduce) if captured else None
+    plan = StepPlan(
+        device=device,
+        world_size=ctx.world_size,
+        precision=precision,
+        compile=compiled,
+        cuda_graphs=cuda_graphs,
+        variants=step_variants,
+        plan=step_plan,
+        options=options,
+        host_memory=host_memory,
+    )
+    return StepRunner(source, update, graph, why_eager, plan)
 
 
 def plan_steps(

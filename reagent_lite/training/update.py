@@ -11,7 +11,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from reagent_lite.config.models import Precision
+from reagent_lite.config.models import Precision, Switch
 from reagent_lite.distributed.context import DistContext, GradAverage
 from reagent_lite.evaluation.cpe_models import CpeModelTrainer
 from reagent_lite.trainers.common import QLearningTrainer
@@ -94,17 +94,22 @@ class Update:
             parts.append(self.cpe_apply.describe())
         return ", ".join(parts)
 
-    def averaging_gradients(self, ctx: DistContext) -> Update:
+    def averaging_gradients(self, ctx: DistContext, peer_sum: Switch) -> Update:
         """This step with the gradients averaged over `ctx`'s ranks by the step itself: the
-        backward carries the 1/world size (`GradAverage.loss_scale`), the all-reduce sums."""
+        backward carries the 1/world size (`GradAverage.loss_scale`), the all-reduce sums
+        (`peer_sum`: `training.step_plan.p2p_allreduce`)."""
         cpe = self.cpe
         return Update(
             self.trainer,
             cpe,
             self.loss_sum,
-            q_sync=ctx.gradient_average(self.trainer.online.parameters(), scaled_backward=True),
+            q_sync=ctx.gradient_average(
+                self.trainer.online.parameters(), scaled_backward=True, peer_sum=peer_sum
+            ),
             cpe_sync=(
-                ctx.gradient_average(cpe.plain.parameters(), scaled_backward=True)
+                ctx.gradient_average(
+                    cpe.plain.parameters(), scaled_backward=True, peer_sum=peer_sum
+                )
                 if cpe is not None
                 else None
             ),

@@ -35,3 +35,25 @@ def test_cpu_benchmark_runs_every_contender_and_prints_the_ratios(tmp_path: Path
     ):
         assert f"  {pair}: " in proc.stdout, proc.stdout
     assert "d3rlpy" not in runs and "products / d3rlpy" not in proc.stdout
+
+
+@pytest.mark.slow
+def test_ours_compiled_below_the_compiled_bare_loop_fails_the_command(tmp_path: Path) -> None:
+    """The floor check fires on a CPU run (`--floor`, a ratio no step reaches, makes it fire
+    whatever the machine's speed): exit 1, a line naming the pair, the figures and JSON
+    still written; `--no-floor-check` runs the same and exits 0."""
+    args = (
+        *("--device", "cpu", "--batch", "64", "--steps", "2", "--rounds", "1", "--compile"),
+        *("--no-d3rlpy", "--no-cpe", "--floor", "1e9", "--data-dir", str(tmp_path / "data")),
+    )
+    out = tmp_path / "runs.json"
+    proc = run_module("benchmarks.bench_train", *args, "--json", str(out), timeout=900)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    failed = [ln for ln in proc.stdout.splitlines() if ln.startswith("FLOOR CHECK FAILED: ")]
+    assert len(failed) == 1 and failed[0].startswith("FLOOR CHECK FAILED: ours-c "), failed
+    assert " x bare-c " in failed[0] and "--no-floor-check" in failed[0]
+    assert "  ours-c / bare-c: " in proc.stdout
+    assert {"ours-c", "bare-c"} <= set(json.loads(out.read_text())["runs"])
+    proc = run_module("benchmarks.bench_train", *args, "--no-floor-check", timeout=900)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "FLOOR CHECK" not in proc.stdout and "  ours-c / bare-c: " in proc.stdout

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from reagent_lite.distributed.peer_sum import MAX_BYTES, P2P_ENV, peer_sum_blocker
+from reagent_lite.distributed.peer_sum import KEY, MAX_BYTES, peer_sum_blocker
 from reagent_lite.torch_private import has_one_shot_sum
 
 CUDA = torch.device("cuda", 0)
@@ -13,7 +13,7 @@ CUDA = torch.device("cuda", 0)
 
 def _blocker(**overrides: object) -> str:
     args: dict = dict(
-        backend="nccl", device=CUDA, world_size=4, procs_per_node=4, nbytes=270_000, env={}
+        backend="nccl", device=CUDA, world_size=4, procs_per_node=4, nbytes=270_000, mode="auto"
     )
     args.update(overrides)
     return peer_sum_blocker(**args)
@@ -22,7 +22,7 @@ def _blocker(**overrides: object) -> str:
 @pytest.mark.parametrize(
     ("overrides", "reason"),
     [
-        ({"env": {P2P_ENV: "0"}}, f"{P2P_ENV}=0"),
+        ({"mode": "off"}, f"{KEY} is off"),
         ({"world_size": 1, "procs_per_node": 1}, "one rank"),
         ({"backend": "gloo", "device": torch.device("cpu")}, "backend gloo on cpu"),
         ({"world_size": 8, "procs_per_node": 4}, "8 ranks over 2 nodes"),
@@ -36,7 +36,7 @@ def test_what_keeps_the_gradient_sum_on_nccl(overrides: dict, reason: str) -> No
 
 def test_every_local_gpu_must_be_visible_and_a_peer() -> None:
     """Past the job's shape, the operator and then peer access between the node's GPUs."""
-    why = _blocker(env={P2P_ENV: "1"})
+    why = _blocker(mode="on", nbytes=MAX_BYTES + 4)  # `on`: past the size where it pays
     visible = torch.cuda.device_count()
     if not has_one_shot_sum():
         assert "no one-shot symmetric-memory all-reduce" in why
@@ -83,7 +83,7 @@ def _agree_worker(rank: int, init: str, out: str) -> None:
             peer_sum.symmetric_empty = lambda n, dt, dev: stage("alloc", torch.zeros(n, dtype=dt))  # type: ignore[assignment]
             peer_sum.symmetric_rendezvous = lambda buf: stage("rendezvous", None)  # type: ignore[assignment]
             peer_sum.PeerSum.verify = lambda self, r, w: stage("verify", True)  # type: ignore[method-assign]
-            got = peer_sum.agree_on_peer_sum(ctx, 10, torch.float32)
+            got, _ = peer_sum.agree_on_peer_sum(ctx, 10, torch.float32, "auto")
             results[name] = got is not None
         torch.save(results, f"{out}/rank{rank}.pt")
         dist.barrier()

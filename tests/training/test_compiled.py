@@ -118,7 +118,7 @@ def _agree_worker(rank: int, init: str, out: str) -> None:
         source = ResidentRows(
             {"state": torch.zeros(8, 4)}, None, EpochSampler(8, 4, 2, seed=0), 1, 2, 4
         )
-        GraphStep(update, source, ctx)._agree_on_compiled_updates()
+        GraphStep(update, source, ctx, "auto")._agree_on_compiled_updates()
         fused = bool(trainer.optimizer.param_groups[0]["fused"])
         torch.save((apply.failed, fused), f"{out}/rank{rank}.pt")
         dist.barrier()

@@ -12,7 +12,9 @@ from types import SimpleNamespace
 
 import pytest
 
+from reagent_lite.config.models import StepPlanParameters
 from reagent_lite.training import host_memory
+from reagent_lite.training.step_plan import DEPRECATED_ENV, asked
 from tests.conftest import REPO_ROOT
 
 # Two grad-free parametric forwards (the target side of a parametric step: [16384, 256]
@@ -21,20 +23,24 @@ from tests.conftest import REPO_ROOT
 # "defaults" (glibc as it starts), "static" (one `mallopt` call, which freezes glibc's
 # thresholds at their start values: the 128 KiB mmap threshold makes every activation a
 # fresh mapping, faulted in on each use — the worst case of glibc's dynamic behaviour,
-# reached deterministically), "static+keep" (then `keep_freed_memory()`, which must undo it).
+# reached deterministically), "static+keep" (then `keep_freed_memory`, which must undo it),
+# "static+off" (then `keep_freed_memory` told off by the config, which must leave it).
 _FAULTS = """
 import ctypes, json, resource, statistics, sys
 libc = ctypes.CDLL(None)
 libc.prctl(41, 1, 0, 0, 0)  # PR_SET_THP_DISABLE
 import torch
 from reagent_lite.models.parametric import ParametricQNetwork
+from reagent_lite.config.models import StepPlanParameters
 from reagent_lite.training import host_memory
+from reagent_lite.training.step_plan import DEPRECATED_ENV, asked
 mode = sys.argv[1]
 if mode.startswith("static"):
     mallopt = libc.mallopt
     mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
     assert mallopt(host_memory.M_TRIM_THRESHOLD, 128 * 1024) == 1  # glibc's start value
-how = host_memory.keep_freed_memory() if mode.endswith("keep") else mode
+ask = {"keep": "auto", "off": "off"}.get(mode.split("+")[-1])
+how = host_memory.keep_freed_memory(ask, cuda=False).how if ask else mode
 torch.manual_seed(0)
 net = ParametricQNetwork(8, 6)
 s, a = torch.randn(1024, 8), torch.randn(1024, 16, 6)
@@ -56,7 +62,7 @@ print(json.dumps([how, statistics.median(faults) * resource.getpagesize()]))
 
 def _faulted_bytes(mode: str) -> tuple[str, float]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_")}
-    for name in ("LD_PRELOAD", "GLIBC_TUNABLES", "THP_MEM_ALLOC_ENABLE", host_memory.OPT_OUT):
+    for name in ("LD_PRELOAD", "GLIBC_TUNABLES", "THP_MEM_ALLOC_ENABLE", *DEPRECATED_ENV.values()):
         env.pop(name, None)
     proc = subprocess.run(
         [sys.executable, "-c", _FAULTS, mode],
@@ -88,6 +94,10 @@ def test_kept_pages_are_not_faulted_in_again_each_step() -> None:
     assert kept < 1 * mib, (kept, static)
     _, defaults = _faulted_bytes("defaults+keep")
     assert defaults < 1 * mib, defaults
+    # `training.step_plan.keep_freed_memory: off`: malloc as it was, pages faulted again.
+    how, left = _faulted_bytes("static+off")
+    assert how == "training.step_plan.keep_freed_memory is off", how
+    assert left > 32 * mib, left
 
 
 Calls = list[tuple[int, int]]
@@ -106,7 +116,8 @@ def fake_glibc(monkeypatch: pytest.MonkeyPatch) -> Calls:
     monkeypatch.setattr(host_memory.ctypes, "CDLL", lambda *a: SimpleNamespace(mallopt=mallopt))
     monkeypatch.setattr(host_memory.platform, "system", lambda: "Linux")
     monkeypatch.setattr(host_memory.platform, "libc_ver", lambda: ("glibc", "2.36"))
-    for name in (*host_memory._THRESHOLD_VARS, "GLIBC_TUNABLES", "LD_PRELOAD", host_memory.OPT_OUT):
+    monkeypatch.setattr(host_memory, "_applied", None)  # as in a fresh process
+    for name in (*host_memory._THRESHOLD_VARS, "GLIBC_TUNABLES", "LD_PRELOAD"):
         monkeypatch.delenv(name, raising=False)
     return calls
 
@@ -133,7 +144,6 @@ def test_both_thresholds_are_set(fake_glibc: Calls) -> None:
             "/usr/lib/libjemalloc.so.2",
             "preloaded allocator /usr/lib/libjemalloc.so.2",
         ),
-        ("REAGENT_LITE_KEEP_FREED_MEMORY", "0", "REAGENT_LITE_KEEP_FREED_MEMORY=0"),
     ],
 )
 def test_user_choices_are_left_alone(
@@ -186,4 +196,70 @@ def test_a_cpu_workflow_sets_it_up(tmp_path: Path, caplog: pytest.LogCaptureFixt
         finally:
             wf.cleanup()
     said = [r.getMessage() for r in caplog.records if r.getMessage().startswith("host memory: ")]
-    assert said == [f"host memory: {host_memory._applied}"]
+    assert said == [f"host memory: {wf.host_memory.how}"]
+    assert wf.host_memory.how == host_memory._applied
+
+
+@pytest.mark.parametrize(
+    ("mode", "cuda", "kept", "how"),
+    [
+        ("off", False, False, "training.step_plan.keep_freed_memory is off"),
+        (
+            "auto",
+            True,
+            False,
+            "a GPU run (training.step_plan.keep_freed_memory auto: CPU runs only)",
+        ),
+        ("auto", False, True, "freed blocks kept for reuse"),
+        ("on", True, True, "freed blocks kept for reuse"),
+    ],
+)
+def test_the_config_decides(fake_glibc: Calls, mode: str, cuda: bool, kept: bool, how: str) -> None:
+    got = host_memory.keep_freed_memory(mode, cuda=cuda)  # type: ignore[arg-type]
+    assert got.kept == kept and got.how.startswith(how), got
+    assert len(fake_glibc) == (2 if kept else 0)
+    assert got.plan() == ("on" if kept else f"off ({got.how})")
+
+
+def test_on_says_why_it_was_not_taken(
+    fake_glibc: Calls, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setenv("LD_PRELOAD", "/usr/lib/libtcmalloc.so.4")
+    with caplog.at_level(logging.WARNING, logger="reagent_lite"):
+        got = host_memory.keep_freed_memory("on", cuda=False)
+    assert not got.kept and fake_glibc == []
+    assert caplog.messages == [
+        "training.step_plan.keep_freed_memory is on but malloc is left to preloaded "
+        "allocator /usr/lib/libtcmalloc.so.4"
+    ]
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="reagent_lite"):
+        host_memory.keep_freed_memory("auto", cuda=False)  # auto: silent, the plan says why
+    assert caplog.messages == []
+
+
+@pytest.mark.parametrize(
+    ("value", "config", "want", "effect"),
+    [
+        ("0", "auto", "off", "read as training.step_plan.keep_freed_memory: off"),
+        (
+            "false",
+            "on",
+            "on",
+            "ignored: the config sets training.step_plan.keep_freed_memory to on",
+        ),
+        ("1", "auto", "auto", "ignored: only 0, false, no or off ever had an effect"),
+    ],
+)
+def test_the_deprecated_switch_maps_onto_the_plan(
+    caplog: pytest.LogCaptureFixture, value: str, config: str, want: str, effect: str
+) -> None:
+    name = "REAGENT_LITE_KEEP_FREED_MEMORY"
+    with caplog.at_level(logging.WARNING, logger="reagent_lite"):
+        got = asked(StepPlanParameters(keep_freed_memory=config), {name: value})  # type: ignore[arg-type]
+    assert got.keep_freed_memory == want and got.p2p_allreduce == "auto"
+    assert caplog.messages == [
+        f"{name}={value} is deprecated and will be removed: set "
+        f"training.step_plan.keep_freed_memory in the config instead (auto, on or off); {effect}"
+    ]
+    assert asked(StepPlanParameters(), {}) == StepPlanParameters()

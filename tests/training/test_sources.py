@@ -10,10 +10,11 @@ import time
 import torch
 from torch import Tensor
 
-from reagent_lite.config.models import StepVariants
+from reagent_lite.config.models import StepPlanParameters, StepVariants
 from reagent_lite.data.sampler import EpochSampler
 from reagent_lite.data.tensordict import TensorDict
 from reagent_lite.distributed.context import DistContext
+from reagent_lite.training.host_memory import HostMemory
 from reagent_lite.training.prefetch import ChunkPrefetcher
 from reagent_lite.training.sources import (
     BatchSource,
@@ -138,9 +139,11 @@ def test_runner_steps_eagerly_on_the_cpu_and_says_where_rows_are() -> None:
         precision="fp32",
         compiled=False,
         step_variants=StepVariants(),
+        step_plan=StepPlanParameters(),
+        host_memory=HostMemory(False, "left alone"),
     )
     assert isinstance(runner.source, ResidentRows) and isinstance(runner.update, Update)
-    assert runner.describe() == "training step: eager, fp32; data resident on cpu"
+    assert runner.describe().startswith("training step: eager, fp32; data resident on cpu; plan: ")
     assert runner.step_rows == MPS * BATCH < DEFAULT_CHUNK_ROWS
     before = net.weight.detach().clone()
     runner.begin_epoch(0)

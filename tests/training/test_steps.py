@@ -301,7 +301,9 @@ def _grad_sync_worker(rank: int, init: str, out: str) -> None:
             # the scaled variant (what `Update.averaging_gradients` builds) leaves the
             # 1/world size to the backward's seed and only sums.
             sync = (
-                ctx.gradient_average(net.parameters(), scaled_backward=variant == "scaled")
+                ctx.gradient_average(
+                    net.parameters(), scaled_backward=variant == "scaled", peer_sum="auto"
+                )
                 if variant != "ddp"
                 else None
             )

@@ -43,7 +43,7 @@ def test_averaging_step_scales_both_models_gradients_by_the_world_size(
         cpe_apply=grab("cpe", cpe_params),
     )
     two = dataclasses.replace(wf.ctx, world_size=2)
-    for update in (plain, plain.averaging_gradients(two)):
+    for update in (plain, plain.averaging_gradients(two, "auto")):
         update(batches)
     for name in ("q", "cpe"):
         whole, averaged = grads[name]

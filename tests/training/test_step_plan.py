@@ -1,0 +1,163 @@
+"""The step plan names every choice a run's step took (the `training step:` line, the first
+epoch record of metrics.jsonl), and a choice asked `on` but not taken says why."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import pytest
+import torch
+
+from reagent_lite.config.models import StepPlanParameters, StepVariants
+from reagent_lite.models.mlp import MLP
+from reagent_lite.models.parametric import ParametricQNetwork
+from reagent_lite.training.compiled import forward_options
+from reagent_lite.training.host_memory import HostMemory
+from reagent_lite.training.metrics import read_metrics
+from reagent_lite.training.step_plan import StepPlan, asked
+from tests.training.runs import run_workflow, tiny_dqn_config
+
+KEYS = [
+    "precision",
+    "compile",
+    "graph",
+    "output_sum",
+    "pad_first_layer",
+    "candidate_kernel",
+    "p2p_allreduce",
+    "keep_freed_memory",
+    "tf32",
+]
+CPU = torch.device("cpu")
+
+
+def test_a_cpu_run_names_every_choice_once(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    with caplog.at_level(logging.INFO, logger="reagent_lite"):
+        wf = run_workflow(tiny_dqn_config(tmp_path, epochs=2))
+    epochs = [r for r in read_metrics(tmp_path / "out" / "metrics.jsonl") if "loss" in r]
+    assert [("step_plan" in r) for r in epochs] == [True, False]  # once, on the first
+    plan = epochs[0]["step_plan"]
+    assert sorted(plan) == sorted(KEYS)  # metrics.jsonl sorts keys; the log line does not
+    assert plan["keep_freed_memory"] == wf.host_memory.plan()
+    assert {k: v for k, v in plan.items() if k != "keep_freed_memory"} == {
+        "precision": "fp32",
+        "compile": "off (training.compile is false)",
+        "graph": "off (no CUDA)",
+        "output_sum": "off (training.compile is false)",
+        "pad_first_layer": "off (training.compile is false)",
+        "candidate_kernel": "off (training.compile is false)",
+        "p2p_allreduce": "off (one rank)",
+        "tf32": "off (no CUDA: CPU float32 products are IEEE)",
+    }
+    lines = [m for m in caplog.messages if m.startswith("training step: ")]
+    assert len(lines) == 1
+    assert lines[0].endswith(
+        "; plan: precision fp32, compile off (training.compile is false), graph off (no CUDA), "
+        "output_sum off (training.compile is false), pad_first_layer off (training.compile "
+        "is false), candidate_kernel off (training.compile is false), p2p_allreduce off (one "
+        f"rank), keep_freed_memory {plan['keep_freed_memory']}, tf32 off (no CUDA: CPU "
+        "float32 products are IEEE)"
+    ), lines[0]
+    assert not [m for m in caplog.messages if "is on but" in m]  # auto: silent
+
+
+def test_asking_on_for_what_a_cpu_run_cannot_take_warns_and_trains_plainly(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    training = {
+        "step_variants": {"candidate_kernel": "on", "pad_first_layer": "on"},
+        "step_plan": {"p2p_allreduce": "on"},
+    }
+    with caplog.at_level(logging.WARNING, logger="reagent_lite"):
+        wf = run_workflow(tiny_dqn_config(tmp_path, epochs=1, training=training))
+    assert [m for m in caplog.messages if "is on but" in m] == [
+        "training.step_variants.pad_first_layer is on but not taken: training.compile is "
+        "false; the plain path runs",
+        "training.step_variants.candidate_kernel is on but not taken: training.compile is "
+        "false; the plain path runs",
+        "training.step_plan.p2p_allreduce is on but not taken: one rank; the plain path runs",
+    ]
+    assert len(wf.history) == 1 and wf.history[0]["step_plan"]["p2p_allreduce"] == "off (one rank)"
+
+
+def _plan(
+    device: str = "cpu", precision: str = "fp32", **variants: str
+) -> tuple[StepPlan, ParametricQNetwork]:
+    dev = torch.device(device)
+    chosen = StepVariants(**variants)  # type: ignore[arg-type]
+    plan = StepPlan(
+        device=dev,
+        world_size=1,
+        precision=precision,  # type: ignore[arg-type]
+        compile=True,
+        cuda_graphs=True,
+        variants=chosen,
+        plan=StepPlanParameters(),
+        options=forward_options(chosen, dev, precision),  # type: ignore[arg-type]
+        host_memory=HostMemory(False, "left alone"),
+    )
+    # 5 state + 2 action features: rows of 7 floats, 16-byte aligned in bf16 by padding.
+    return plan, ParametricQNetwork(5, 2, (-1, 16, -1), ("relu", "linear"))
+
+
+def _choices(plan: StepPlan, net: torch.nn.Module) -> dict[str, str]:
+    return plan.choices(net, compile_failed="", graph=False, why_eager="", sync=None)
+
+
+def test_a_compiled_cpu_step_names_why_each_form_is_off_or_on() -> None:
+    plan, net = _plan()
+    got = _choices(plan, net)
+    assert (got["compile"], got["output_sum"]) == ("on", "on")
+    assert got["pad_first_layer"] == "off (no CUDA)"
+    assert got["candidate_kernel"] == "off (no CUDA)"
+    assert plan.unmet(got) == []  # auto: silent, the record says why
+
+    plan, net = _plan(precision="bf16", pad_first_layer="on", candidate_kernel="on")
+    got = _choices(plan, net)
+    assert got["pad_first_layer"] == "on"  # on: bf16 products on a CPU too
+    assert got["candidate_kernel"] == "off (no CUDA)"  # a Triton kernel: CUDA only
+    assert plan.unmet(got) == [
+        "training.step_variants.candidate_kernel is on but not taken: no CUDA; the plain path runs"
+    ]
+
+    plan, net = _plan(pad_first_layer="on", output_sum="off")
+    got = _choices(plan, net)
+    assert got["pad_first_layer"] == "off (fp32 products on cpu are IEEE float32)"
+    assert got["output_sum"] == "off (training.step_variants.output_sum is off)"
+    failed = plan.choices(
+        net, compile_failed="compile failed: X", graph=False, why_eager="", sync=None
+    )
+    assert failed["compile"] == failed["output_sum"] == "off (compile failed: X)"
+
+    # A form that changes nothing in the network is off, and says so.
+    plan, _ = _plan(precision="bf16", pad_first_layer="on")
+    wide = MLP([8, 16, 6], ["relu", "linear"])
+    got = _choices(plan, wide)
+    assert got["pad_first_layer"] == "off (the first layer's rows are aligned already)"
+    assert got["output_sum"] == "off (no output layer of at most 4 outputs)"
+
+
+def test_off_keeps_every_form_out_of_the_trace() -> None:
+    off = StepVariants(pad_first_layer="off", output_sum="off", candidate_kernel="off")
+    for device in ("cpu", "cuda"):
+        options = forward_options(off, torch.device(device), "bf16")
+        assert not options.changes_anything()
+
+
+def test_the_deprecated_gradient_sum_switch_maps_onto_the_plan(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    env = {"REAGENT_LITE_P2P_ALLREDUCE": "0"}
+    with caplog.at_level(logging.WARNING, logger="reagent_lite"):
+        got = asked(StepPlanParameters(), env)
+        quiet = asked(StepPlanParameters(), env, warn=False)
+    assert got.p2p_allreduce == quiet.p2p_allreduce == "off"
+    assert got.keep_freed_memory == "auto"
+    assert caplog.messages == [
+        "REAGENT_LITE_P2P_ALLREDUCE=0 is deprecated and will be removed: set "
+        "training.step_plan.p2p_allreduce in the config instead (auto, on or off); read as "
+        "training.step_plan.p2p_allreduce: off"
+    ]
