@@ -52,7 +52,8 @@ def launch(
     args = tuple(args)
     in_process = plan.mode != "spawn" or plan.procs_per_node == 1
     threads = None if plan.use_gpu else this_node(plan.procs_per_node, in_process=in_process)
-    if threads is not None:
+    # Once per node: under torchrun every rank calls launch, local rank 0 speaks for them.
+    if threads is not None and (plan.mode != "env" or plan.ranks[0] % plan.procs_per_node == 0):
         log.info("%s", threads.describe())
     with _threads_here(threads if in_process else None):
         _launch(plan, worker_fn, args, threads, rendezvous_timeout_s, collective_timeout_s)

@@ -222,3 +222,40 @@ def test_the_cli_run_waits_passively_from_the_start(tmp_path: Path) -> None:
     cores = _cores_here()
     expected = f"CPU threads: {cores} per process (affinity {len(os.sched_getaffinity(0))} core"
     assert expected in log and "1 process), OpenMP wait passive" in log, log
+
+
+def test_ranks_started_by_torchrun_or_srun_take_their_share_and_log_once(tmp_path: Path) -> None:
+    """Two ranks of one node in env:// mode (as `srun` starts them, without torchrun's
+    OMP_NUM_THREADS): each in-process worker takes half the cores; local rank 0 logs."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = str(s.getsockname()[1])
+    share = max(1, _cores_here() // 2)
+    out = tmp_path / "out"
+    procs = []
+    for rank in range(2):
+        env = _env(
+            MASTER_ADDR="127.0.0.1", MASTER_PORT=port, WORLD_SIZE="2", RANK=str(rank),
+            LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE="2", GROUP_RANK="0",
+        )  # fmt: skip
+        cmd = [sys.executable, "-m", "tests.distributed._node", "--out", str(out)]
+        with open(tmp_path / f"rank{rank}.log", "wb") as log:
+            procs.append(subprocess.Popen(cmd, cwd=REPO, env=env, stdout=log, stderr=log))
+    logs = []
+    try:
+        for rank, p in enumerate(procs):
+            p.wait(HARD_TIMEOUT_S)
+            logs.append((tmp_path / f"rank{rank}.log").read_text())
+            assert p.returncode == 0, logs[-1]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait(10)
+    results = [json.loads(p.read_text()) for p in sorted(out.glob("rank*.json"))]
+    assert [(r["rank"], r["torch_threads"]) for r in results] == [(0, share), (1, share)]
+    assert f"CPU threads: {share} per process (affinity" in logs[0]
+    assert "2 processes)" in logs[0]
+    assert "CPU threads:" not in logs[1], logs[1]
