@@ -41,6 +41,10 @@ def _main(kind: KindSpec, argv: list[str] | None, prog: str | None) -> None:
         _require_data(kind, cfg)
         print("\n".join(_sample_lines(kind, cfg)))
         return
+    # Before torch is imported: OpenMP reads its wait policy only when it loads.
+    from reagent_lite.openmp_env import choose_wait_policy_early
+
+    choose_wait_policy_early()
     from reagent_lite.training.entry import run_training
 
     out = run_training(kind.load(), cfg, args, cli_logging=True)

@@ -25,9 +25,11 @@ from multiprocessing.connection import wait
 from pathlib import Path
 from typing import Any
 
+import torch
 import torch.multiprocessing as mp
 
 from reagent_lite.distributed.plan import LaunchPlan
+from reagent_lite.distributed.threads import ThreadPlan
 from reagent_lite.distributed.worker import WorkerError, WorkerFn, run_worker
 from reagent_lite.errors import DistributedError, ReagentLiteError
 
@@ -46,7 +48,10 @@ def spawn(
     worker_fn: WorkerFn,
     args: tuple[Any, ...],
     collective_timeout_s: float,
+    threads: ThreadPlan | None = None,
 ) -> None:
+    """Runs one spawned child per local rank; CPU workers (`threads`) start with their
+    thread count and OpenMP wait policy in their environment."""
     ctx = mp.get_context("spawn")
     # Children report failures through files, not pipes: a large traceback in a pipe nobody
     # reads yet would block the child's exit.
@@ -65,10 +70,12 @@ def spawn(
                     collective_timeout_s,
                     str(report_dir),
                     os.getpid(),
+                    threads.threads if threads else None,
                 ),
                 name=f"reagent-lite-rank{plan.ranks[local_rank]}",
             )
-            p.start()
+            with _environment(threads.child_env() if threads else {}):
+                p.start()
             procs.append(p)
         pending = {p.sentinel: p for p in procs}
         failed = False
@@ -99,6 +106,23 @@ def spawn(
     finally:
         _terminate([p for p in procs if p.is_alive()])
         shutil.rmtree(report_dir, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def _environment(values: dict[str, str]) -> Iterator[None]:
+    """`values` in this process's environment while a child starts (a spawned child
+    inherits it, and its OpenMP reads it when the child imports torch, before any code
+    of ours runs there); the launcher's own environment afterwards."""
+    saved = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
 
 @contextlib.contextmanager
@@ -167,8 +191,11 @@ def _child_main(
     collective_timeout_s: float,
     report_dir: str,
     parent_pid: int,
+    threads: int | None = None,
 ) -> None:
     _die_with_parent(parent_pid)
+    if threads is not None:
+        torch.set_num_threads(threads)
     try:
         run_worker(plan, local_rank, init_method, worker_fn, args, collective_timeout_s)
     except SystemExit as exc:

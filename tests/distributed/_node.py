@@ -77,6 +77,10 @@ def worker(
         "mean": mean,
         "broadcast": token,
         "gathered": gathered,
+        # What OpenMP in this worker started with, and torch's thread count in it.
+        "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
+        "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
+        "torch_threads": torch.get_num_threads(),
     }
     tmp = out_dir / f".rank{ctx.rank}.tmp"
     tmp.write_text(json.dumps(record))
