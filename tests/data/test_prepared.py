@@ -161,6 +161,36 @@ def test_units_prepared_once_then_reused_settings_make_another_directory(
     assert (other.prepared, len(calls)) == (4, 8)
 
 
+def test_headers_checked_once_per_run_values_still_hashed_every_read(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Later epochs take a unit's checked header from memory while its file is the same
+    (parsing it every epoch held the GIL and capped streaming); its arrays are still hashed
+    as they are read, so bytes changed in place, even with the file's times put back, are
+    caught; a file replaced by another is read and checked again."""
+    path = write(tmp_path / "t.parquet", rows(300), 40)
+    window = stream_units(str(path), 0, 1)[2:6]
+    want = _rewards(window)["reward"]
+    cache = PreparedUnits(tmp_path / "cache", {"s": 1}, lambda u: _rewards([u]), threads=2)
+    for _ in range(3):
+        assert torch.equal(cache.load(window)["reward"], want)
+    assert cache.headers_read == 4  # once per unit (when it was prepared), never again
+    unit = sorted(cache.directory.glob("*.prep"))[0]
+    head, start = _header(unit)
+    reward = next(c for c in head["columns"] if c["name"] == "reward")
+    st = os.stat(unit)
+    with unit.open("r+b") as f:  # overwrite the first reward in place ...
+        f.seek(start + reward["at"])
+        f.write(np.array([1e6], dtype=reward["dtype"]).tobytes())
+    os.utime(unit, ns=(st.st_atime_ns, st.st_mtime_ns))  # ... and put its times back
+    with caplog.at_level(logging.WARNING, logger="reagent_lite"):
+        assert torch.equal(cache.load(window)["reward"], want)
+    assert "not what was written" in caplog.text
+    read = cache.headers_read
+    assert torch.equal(cache.load(window)["reward"], want)
+    assert cache.headers_read == read + 1  # the rewritten file: its header checked again
+
+
 def test_unwritable_directory_warns_and_decodes_every_window(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
