@@ -181,11 +181,14 @@ def test_cuda_prefetched_chunks_graph_and_eager_agree(
         assert not _prefetch_workers()
     for name in ("eager", "graph"):
         runner = runs[name].step_runner()
-        assert runner.mode == name, runner.describe()
         assert runner.source.chunk_rows == 64 and "pinned" in runner.describe()
         records = [
             json.loads(x) for x in (tmp_path / name / "metrics.jsonl").read_text().splitlines()
         ]
+        # The runner has released its graph by now: the first epoch's plan record says
+        # whether the steps ran captured.
+        graph = next(r["step_plan"]["graph"] for r in records if "step_plan" in r)
+        assert (graph == "on") == (name == "graph"), graph
         steps_per_epoch = math.ceil(n / 32)
         assert [r["steps"] for r in records if "transitions_per_s" in r] == [
             steps_per_epoch,
