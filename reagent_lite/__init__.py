@@ -3,8 +3,8 @@
     import reagent_lite
     result = reagent_lite.train("cfg.json", overrides={"epochs": 2})
 
-`import reagent_lite` is cheap (no torch); `train`, `load_config`, `load_model` and
-`RunResult` load their modules on first use (see `reagent_lite.api`).
+`import reagent_lite` is cheap (no torch); `train`, `load_config`, `load_model`, `Policy`
+and `RunResult` load their modules on first use (see `reagent_lite.api`).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from reagent_lite.errors import (
 )
 
 if TYPE_CHECKING:
-    from reagent_lite.api import Model, RunResult, load_config, load_model, train
+    from reagent_lite.api import Model, Policy, RunResult, load_config, load_model, train
     from reagent_lite.resources import sample_config
 
 from reagent_lite.version import __version__
@@ -31,6 +31,7 @@ _LAZY = {
     "load_model": "reagent_lite.api",
     "RunResult": "reagent_lite.api",
     "Model": "reagent_lite.api",
+    "Policy": "reagent_lite.api",
     "sample_config": "reagent_lite.resources",
 }
 
@@ -39,6 +40,7 @@ __all__ = [
     "DataError",
     "DistributedError",
     "Model",
+    "Policy",
     "ReagentLiteError",
     "RunResult",
     "TrainingError",

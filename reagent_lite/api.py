@@ -6,6 +6,8 @@
     print(result.final_metrics["cpe"]["doubly_robust"]["normalized"])
     model = reagent_lite.load_model(result.model_dir)
     scores = model.score(dataframe)          # or an Arrow table; or model(values, presence)
+    with reagent_lite.Policy(result.model_dir, exploration="epsilon:0.1", log_dir="logs") as p:
+        decision = p.act({"0": 0.1, "1": -0.2})   # explores, logs with its propensity
 
 Errors are the typed `reagent_lite.ReagentLiteError` subclasses (`ConfigError`,
 `DataError`, `DistributedError`, `TrainingError`), never `SystemExit`. The library leaves
@@ -37,6 +39,7 @@ if TYPE_CHECKING:
     import torch
 
     from reagent_lite.predict import Predictor
+    from reagent_lite.serving.policy import Policy  # noqa: F401  (`__getattr__` serves it)
 
 ConfigSource = str | os.PathLike[str] | Mapping[str, Any] | BaseWorkflowConfig
 # A table given to `train`: a pandas DataFrame or a pyarrow Table (pandas is typed loosely).
@@ -248,6 +251,15 @@ def load_model(model_dir: str | os.PathLike[str]) -> Model:
     from reagent_lite.predict import Predictor
 
     return Model(Predictor(Path(model_dir)))
+
+
+def __getattr__(name: str) -> Any:
+    # `Policy` (torch, numpy) loads on first use, as `load_model`'s modules do.
+    if name == "Policy":
+        from reagent_lite.serving.policy import Policy
+
+        return Policy
+    raise AttributeError(f"module 'reagent_lite.api' has no attribute {name!r}")
 
 
 def write_input(data: TableData, path: Path, key: str) -> Path:

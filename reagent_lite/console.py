@@ -5,6 +5,7 @@
     reagent-lite parametric_dqn --config x.json ...
     reagent-lite predict --model DIR --data t.parquet --output scores.csv
     reagent-lite report --run DIR
+    reagent-lite serve --model DIR --log-dir DIR [--exploration epsilon:0.1] [--port N]
     reagent-lite timeline --input steps.parquet --output train.parquet
     reagent-lite make-sample-data --kind gym --output-dir data/cartpole
     reagent-lite schema [--check]
@@ -41,6 +42,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
         for name in kind_names()
     },
     "predict": ("reagent_lite.predict", "score a table with an exported model"),
+    "serve": ("reagent_lite.serving.server", "serve a model over HTTP, exploring and logging"),
     "report": ("reagent_lite.report", "draw a run's training and CPE curves (report.png)"),
     "timeline": ("workflows.timeline", "turn per-step logs into the training table"),
     "make-sample-data": ("workflows.make_sample_data", "log a policy into sample tables"),

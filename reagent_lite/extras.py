@@ -25,6 +25,8 @@ EXTRAS = {
     "tensorboard": "tensorboard",
     "mlflow": "mlflow",
     "matplotlib": "plot",
+    "fastapi": "serve",
+    "uvicorn": "serve",
 }
 
 

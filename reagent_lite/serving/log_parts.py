@@ -1,0 +1,194 @@
+"""The decision log's files: the step-log schema of its rows, part names, and the durable
+write and read of one Parquet part (see `decision_log.py` for how they are used)."""
+
+from __future__ import annotations
+
+import datetime as dt
+import math
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from reagent_lite.io_utils import atomic_write_bytes
+
+KINDS = ("dqn", "parametric_dqn")
+JOURNAL_DIR = "_journal"  # the timeline skips names starting with "_"
+# part-20261128T101500.123456Z-000001.parquet: UTC time in µs, then a sequence number.
+_PART = re.compile(r"^part-(\d{8}T\d{6}\.\d{6})Z-(\d{6,})\.parquet$")
+_TIME_FORMAT = "%Y%m%dT%H%M%S.%f"
+_EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
+
+FeatureMap = Mapping[int, float]
+
+
+@dataclass(frozen=True)
+class DecisionRecord:
+    """One decision as the server made it (the step of an episode it answers)."""
+
+    decision_id: str
+    mdp_id: str
+    sequence_number: int
+    state_features: dict[int, float]  # feature id -> value
+    action: str | dict[int, float]  # dqn: action name; parametric: the chosen candidate's map
+    possible_actions: list[str] | list[dict[int, float]]
+    action_probability: float  # the exploration policy's exact probability of `action`
+    model_id: str  # SHA-256 of the model.pt2 that made it
+    time_s: float  # seconds since the epoch (UTC) when it was made
+
+
+@dataclass(frozen=True)
+class Row:
+    """A decision with its outcome: one step-log row of a final part."""
+
+    rec: DecisionRecord
+    reward: float
+    metrics: Mapping[str, float]
+    feedback_missing: bool
+
+
+_FMAP = pa.map_(pa.string(), pa.float64())
+
+
+def schema(kind: str) -> pa.Schema:
+    """Step-log columns the timeline reads (docs/TIMELINE.md "Input"), then the columns it
+    carries through: metrics, decision_id, model_id, decision_time, feedback_missing."""
+    parametric = kind == "parametric_dqn"
+    return pa.schema(
+        [
+            ("mdp_id", pa.string()),
+            ("sequence_number", pa.int64()),
+            ("state_features", _FMAP),
+            ("action", _FMAP if parametric else pa.string()),
+            ("reward", pa.float64()),
+            ("possible_actions", pa.list_(_FMAP if parametric else pa.string())),
+            ("action_probability", pa.float64()),
+            ("metrics", _FMAP),
+            ("decision_id", pa.string()),
+            ("model_id", pa.string()),
+            ("decision_time", pa.timestamp("us", tz="UTC")),
+            ("feedback_missing", pa.bool_()),
+        ]
+    )
+
+
+def _fmap(features: FeatureMap) -> list[tuple[str, float]]:
+    # Feature ids are strings of digits in every table reagent-lite reads (as in ReAgent).
+    return [(str(int(k)), float(v)) for k, v in features.items()]
+
+
+def check_record(rec: DecisionRecord, kind: str) -> None:
+    """ValueError naming the field when `rec` would make a row the timeline refuses."""
+    p = rec.action_probability
+    if not isinstance(p, (int, float)) or not math.isfinite(p) or not 0.0 < p <= 1.0:
+        raise ValueError(
+            f"decision {rec.decision_id!r}: action_probability is {p!r}; expected a number "
+            "in (0, 1]"
+        )
+    if kind == "dqn":
+        if not isinstance(rec.action, str) or not all(
+            isinstance(a, str) for a in rec.possible_actions
+        ):
+            raise ValueError(
+                f"decision {rec.decision_id!r}: a dqn decision's action and possible_actions "
+                f"are action names (str); got action {rec.action!r}"
+            )
+    elif not isinstance(rec.action, Mapping) or not all(
+        isinstance(a, Mapping) for a in rec.possible_actions
+    ):
+        raise ValueError(
+            f"decision {rec.decision_id!r}: a parametric_dqn decision's action and "
+            f"possible_actions are feature maps (dict[int, float]); got action {rec.action!r}"
+        )
+
+
+def table(rows: Sequence[Row], kind: str) -> pa.Table:
+    """The rows as an Arrow table of `schema(kind)` (journal parts use it too)."""
+
+    def action(a: str | FeatureMap) -> str | list[tuple[str, float]]:
+        return a if isinstance(a, str) else _fmap(a)
+
+    recs = [r.rec for r in rows]
+    columns = {
+        "mdp_id": [r.mdp_id for r in recs],
+        "sequence_number": [int(r.sequence_number) for r in recs],
+        "state_features": [_fmap(r.state_features) for r in recs],
+        "action": [action(r.action) for r in recs],
+        "reward": [float(r.reward) for r in rows],
+        "possible_actions": [[action(a) for a in r.possible_actions] for r in recs],
+        "action_probability": [float(r.action_probability) for r in recs],
+        "metrics": [[(str(k), float(v)) for k, v in r.metrics.items()] for r in rows],
+        "decision_id": [r.decision_id for r in recs],
+        "model_id": [r.model_id for r in recs],
+        "decision_time": [round(r.time_s * 1e6) for r in recs],
+        "feedback_missing": [r.feedback_missing for r in rows],
+    }
+    return pa.table(columns, schema=schema(kind))
+
+
+def write_part(path: Path, rows: Sequence[Row], kind: str) -> None:
+    """Writes a part durably: a dot-named temp file (skipped by readers), fsynced, renamed
+    to `path`, the directory fsynced. Raises OSError (the temp file removed) on failure."""
+    # Encoded in memory, then written by Python: a full disk is then an OSError with its
+    # errno (Arrow's own writer reports it without one).
+    buffer = pa.BufferOutputStream()
+    pq.write_table(table(rows, kind), buffer)
+    atomic_write_bytes(path, buffer.getvalue().to_pybytes())
+
+
+def read_records(path: Path) -> list[DecisionRecord]:
+    """The decisions of a (journal) part."""
+    out: list[DecisionRecord] = []
+    for d in pq.read_table(path).to_pylist():
+
+        def fmap(pairs: Iterable[tuple[str, float]]) -> dict[int, float]:
+            return {int(k): float(v) for k, v in pairs}
+
+        action: str | dict[int, float]
+        possible: list[str] | list[dict[int, float]]
+        if isinstance(d["action"], str):  # dqn
+            action, possible = d["action"], [str(a) for a in d["possible_actions"]]
+        else:
+            action, possible = fmap(d["action"]), [fmap(a) for a in d["possible_actions"]]
+        out.append(
+            DecisionRecord(
+                decision_id=d["decision_id"],
+                mdp_id=d["mdp_id"],
+                sequence_number=d["sequence_number"],
+                state_features=fmap(d["state_features"]),
+                action=action,
+                possible_actions=possible,
+                action_probability=d["action_probability"],
+                model_id=d["model_id"],
+                time_s=d["decision_time"].timestamp(),
+            )
+        )
+    return out
+
+
+def read_decision_ids(path: Path) -> list[str]:
+    return [str(x) for x in pq.read_table(path, columns=["decision_id"]).column(0).to_pylist()]
+
+
+def part_time_us(name: str) -> int | None:
+    """The time in a part's name (µs since the epoch), None for another file."""
+    m = _PART.match(name)
+    if m is None:
+        return None
+    t = dt.datetime.strptime(m.group(1), _TIME_FORMAT).replace(tzinfo=dt.UTC)
+    return (t - _EPOCH) // dt.timedelta(microseconds=1)
+
+
+def part_name(time_us: int, seq: int) -> str:
+    t = _EPOCH + dt.timedelta(microseconds=time_us)  # integer maths: names parse back exactly
+    return f"part-{t.strftime(_TIME_FORMAT)}Z-{seq:06d}.parquet"
+
+
+def list_parts(directory: Path) -> list[Path]:
+    """The parts in `directory` (not its temp files or anything else), oldest first."""
+    if not directory.is_dir():
+        return []
+    return sorted(p for p in directory.iterdir() if part_time_us(p.name) is not None)
