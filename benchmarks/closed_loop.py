@@ -41,6 +41,7 @@ import itertools
 import json
 import math
 import shutil
+import signal
 import subprocess
 import sys
 from dataclasses import asdict, dataclass
@@ -63,14 +64,20 @@ from benchmarks.closed_loop_http import (  # noqa: E402
 CLI_TIMEOUT_S = 1800
 Z_BAR = 3.0
 # Per environment: rounds, episodes of round 0 and of each later round, greedy evaluation
-# episodes, random episodes of the initial (signature-only) model; then the --quick sizes.
+# episodes, random episodes of the initial (signature-only) model, and the fewest optimizer
+# updates a round trains for: about what the shipped config makes on its own sample data
+# (CartPole: 5000 random episodes ≈ 99k training rows / 1024 × 20 epochs ≈ 1900;
+# parametric: 13000 × 0.7 rows / 256 × 10 epochs ≈ 360). The early rounds' tables are
+# smaller than those samples, and the shipped epochs alone would train them for a fraction
+# of those updates (CartPole's first model then serves one action: return ≈ 9); so a round
+# trains max(shipped epochs, enough epochs for that many updates). Then the --quick sizes.
 SIZES: dict[str, dict[str, int]] = {
-    "cartpole": dict(rounds=4, round0=1000, episodes=100, eval=50, initial=50),
-    "parametric": dict(rounds=3, round0=3000, episodes=3000, eval=0, initial=300),
+    "cartpole": dict(rounds=4, round0=1000, episodes=100, eval=50, initial=50, updates=2000),
+    "parametric": dict(rounds=3, round0=3000, episodes=3000, eval=0, initial=300, updates=360),
 }
 QUICK: dict[str, dict[str, int]] = {
-    "cartpole": dict(rounds=1, round0=12, episodes=3, eval=2, initial=30),
-    "parametric": dict(rounds=1, round0=60, episodes=30, eval=0, initial=200),
+    "cartpole": dict(rounds=1, round0=12, episodes=3, eval=2, initial=30, updates=0),
+    "parametric": dict(rounds=1, round0=60, episodes=30, eval=0, initial=200, updates=0),
 }
 SATURATED = {"cartpole": 450.0}  # the issue's bar on the served greedy return
 
@@ -97,6 +104,7 @@ class RoundRow:
     greedy: Measured | None = None  # the served model's greedy policy
     cpe: Estimate | None = None  # made before this round's model was deployed
     table_rows: int = 0  # rows of the table trained on after this round
+    epochs: int = 0  # epochs the served model trained for
 
     @property
     def cost(self) -> float:
@@ -176,6 +184,8 @@ def round_line(env: str, row: RoundRow, unit: str) -> str:
             f"CPE before deploy {row.cpe.estimator} {_fmt(row.cpe.value, row.cpe.se, 3)}: "
             f"z = {_fmt(row.z)}, {verdict} {Z_BAR:g} SE"
         )
+    if row.epochs:
+        parts.append(f"model trained {row.epochs} epochs")
     if row.table_rows:
         parts.append(f"next table {row.table_rows} rows")
     return "; ".join(parts)
@@ -215,8 +225,15 @@ def run_cli(args: list[str], log_path: Path) -> None:
         raise RuntimeError(f"reagent-lite {args[0]} exited {proc.returncode}:\n{tail}")
 
 
+def epochs_for(base: dict[str, Any], train_rows: int, updates: int) -> int:
+    """The shipped epochs, or more where a small table would get fewer than `updates`
+    optimizer steps from them (one process: a step per minibatch)."""
+    per_epoch = max(1, math.ceil(train_rows / int(base["training"]["minibatch_size"])))
+    return max(int(base["epochs"]), math.ceil(updates / per_epoch))
+
+
 def train_config(
-    base: dict[str, Any], out: Path, train: Path, evaluation: Path, quick: bool
+    base: dict[str, Any], out: Path, train: Path, evaluation: Path, epochs: int, quick: bool
 ) -> Path:
     """The shipped config pointed at `train`/`evaluation`, its model under `out/model`."""
     cfg = json.loads(json.dumps(base))
@@ -231,8 +248,8 @@ def train_config(
     evaluation_cfg = cfg.setdefault("evaluation", {})
     evaluation_cfg["online_episodes"] = 0  # measured here, on the deployed model
     evaluation_cfg["calc_cpe_in_training"] = True
+    cfg["epochs"] = epochs
     if quick:
-        cfg["epochs"] = 1
         evaluation_cfg["bootstrap_samples"] = 10
     path = out / "config.json"
     path.write_text(json.dumps(cfg, indent=1))
@@ -334,7 +351,8 @@ def run_env(name: str, sizes: dict[str, int], args: argparse.Namespace) -> list[
                 work / "timeline.log",
             )  # fmt: skip
             rows[-1].table_rows = _rows(train) + _rows(evaluation)
-            config = train_config(base, work, train, evaluation, args.quick)
+            epochs = 1 if args.quick else epochs_for(base, _rows(train), sizes["updates"])
+            config = train_config(base, work, train, evaluation, epochs, args.quick)
             run_cli(["train", "--config", str(config)], work / "train.log")
             cpe = read_cpe(work / "model", env.estimator)  # read before it is deployed
             if server.deploy(work / "model") != sha256_of(work / "model" / "model.pt2"):
@@ -342,7 +360,7 @@ def run_env(name: str, sizes: dict[str, int], args: argparse.Namespace) -> list[
             row = serve_round(env, server, k, sizes["episodes"], args.concurrency)
             count_logged(row, out / "logs/explore")
             row.greedy = env.greedy_value(work / "model", gamma, sizes["eval"])
-            row.cpe = cpe
+            row.cpe, row.epochs = cpe, epochs
             rows.append(row)
             print(round_line(name, row, env.online_unit), flush=True)
     finally:
@@ -378,17 +396,23 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--episodes", type=int, help="episodes (decisions) per round")
     parser.add_argument("--round0-episodes", type=int, help="episodes of the random round")
     parser.add_argument("--eval-episodes", type=int, help="greedy evaluation episodes")
+    parser.add_argument(
+        "--min-updates", type=int, help="fewest optimizer updates per round (more epochs)"
+    )
     parser.add_argument("--epsilon", type=float, default=0.1, help="exploration of rounds ≥ 1")
     parser.add_argument("--concurrency", type=int, default=8, help="client threads")
     parser.add_argument("--quick", action="store_true", help="a smoke test: tiny and fast")
     parser.add_argument("--out", type=Path, default=ROOT / "outputs/bench/closed_loop")
     args = parser.parse_args(argv)
+    # SIGTERM unwinds like Ctrl-C: the `finally` blocks stop the servers this run started.
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(143))
 
     ok, summaries, tables, results = True, [], [], {}
     for name in args.env:
         sizes = dict((QUICK if args.quick else SIZES)[name])
         for key, flag in (("rounds", "rounds"), ("episodes", "episodes"),
-                          ("round0", "round0_episodes"), ("eval", "eval_episodes")):  # fmt: skip
+                          ("round0", "round0_episodes"), ("eval", "eval_episodes"),
+                          ("updates", "min_updates")):  # fmt: skip
             if getattr(args, flag) is not None:
                 sizes[key] = getattr(args, flag)
         rows = run_env(name, sizes, args)

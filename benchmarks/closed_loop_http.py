@@ -132,7 +132,7 @@ class ServerProcess:
         log_path: Path,
         *,
         seed: int = 0,
-        flush_interval_s: float = 0.5,
+        flush_interval_s: float = 1.0,
     ) -> None:
         self.model_dir, self.log_dir, self.exploration = model_dir, log_dir, exploration
         # --reload-poll-s 0: the model changes only when `deploy` says so (POST /v1/reload

@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import signal
+import subprocess
 import sys
 from pathlib import Path
 
@@ -16,6 +19,7 @@ from benchmarks.closed_loop import (
     Estimate,
     RoundRow,
     bookkeeping_problems,
+    epochs_for,
     improving,
     read_cpe,
     z_score,
@@ -74,6 +78,13 @@ def test_improving_until_saturated(values: list[float], bar: float | None, expec
     assert improving(values, bar) is expected
 
 
+def test_small_tables_train_for_at_least_the_updates_asked() -> None:
+    base = {"epochs": 20, "training": {"minibatch_size": 1024}}
+    assert epochs_for(base, 99_000, 1900) == 20  # the shipped sample: its own epochs
+    assert epochs_for(base, 21_500, 2000) == 96  # 21 minibatches an epoch
+    assert epochs_for(base, 500, 0) == 20
+
+
 def test_bookkeeping_names_rounds_with_lost_or_unjoined_decisions() -> None:
     rows = [
         RoundRow(0, "epsilon:1.0", "m0", 10, answered=200, logged=200),
@@ -109,28 +120,38 @@ def test_logged_decisions_counts_one_rounds_rows_in_closed_parts(tmp_path: Path)
     assert logged_decisions(tmp_path / "nothing-yet", "r1-") == (0, 0)
 
 
+# Two environments, each: an initial model, two servers, a timeline and a training run;
+# minutes on a busy 2-core machine.
+QUICK_TIMEOUT_S = 1500
 SERVING = (REPO_ROOT / "reagent_lite/serving/server.py").is_file()
 
 
 @pytest.mark.skipif(not SERVING, reason="reagent_lite.serving (reagent-lite serve) is absent")
+@pytest.mark.timeout(QUICK_TIMEOUT_S + 60)
 def test_quick_closed_loop_against_a_real_server(tmp_path: Path) -> None:
-    import subprocess
-
     from benchmarks.closed_loop_http import subprocess_env
 
     out = tmp_path / "out"
-    proc = subprocess.run(
+    # A session of its own: on a timeout the benchmark and the servers it started all go.
+    proc = subprocess.Popen(
         [sys.executable, "benchmarks/closed_loop.py", "--quick", "--out", str(out),
          "--env", "cartpole", "parametric"],
-        cwd=REPO_ROOT, env=subprocess_env(), capture_output=True, text=True, timeout=1200,
+        cwd=REPO_ROOT, env=subprocess_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        text=True, start_new_session=True,
     )  # fmt: skip
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    try:
+        stdout, stderr = proc.communicate(timeout=QUICK_TIMEOUT_S)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+    assert proc.returncode == 0, stdout[-3000:] + stderr[-3000:]
     results = json.loads((out / "results.json").read_text())
     for env in ("cartpole", "parametric"):
         rounds = results[env]["rounds"]
         assert [r["round"] for r in rounds] == [0, 1]
         for r in rounds:
-            assert f"[{env}] round {r['round']} (" in proc.stdout
+            assert f"[{env}] round {r['round']} (" in stdout
             assert r["answered"] > 0 and r["logged"] == r["answered"] and r["no_feedback"] == 0
         # The table round 1 trained on came from round 0's log, through the timeline.
         assert rounds[0]["table_rows"] > 0
