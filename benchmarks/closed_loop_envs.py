@@ -103,6 +103,10 @@ class CartPoleLoop:
     def setup(self, initial_data_dir: Path) -> None:
         """Nothing to read back: the environment is gymnasium's."""
 
+    def saturated(self) -> float:
+        """The issue's bar on the greedy return (500 is the most an episode gives)."""
+        return 450.0
+
     def play(self, port: int, round_idx: int, episodes: int, concurrency: int) -> Played:
         import gymnasium as gym
 
@@ -176,6 +180,15 @@ class ParametricLoop:
         from reagent_lite.samples.parametric_env import ParametricBanditEnv
 
         self.env = ParametricBanditEnv.from_json(initial_data_dir / "values.json")
+
+    def saturated(self) -> float:
+        """95% of the optimal policy's value on the held-out states (exact; the bar of
+        `parametric_quality.py`): a policy there has learnt what there is to learn."""
+        from reagent_lite.samples.parametric_env import HELD_OUT_SEED_OFFSET
+
+        assert self.env is not None, "setup() first"
+        held_out = self.env.sample_contexts(HELD_OUT_STATES, seed=HELD_OUT_SEED_OFFSET)
+        return 0.95 * self.env.optimal_value(held_out)
 
     def play(self, port: int, round_idx: int, episodes: int, concurrency: int) -> Played:
         env = self.env

@@ -20,11 +20,12 @@ from benchmarks.closed_loop import (
     RoundRow,
     bookkeeping_problems,
     epochs_for,
+    goals_met,
     improving,
     read_cpe,
     z_score,
 )
-from benchmarks.closed_loop_envs import Measured
+from benchmarks.closed_loop_envs import Measured, ParametricLoop
 from benchmarks.closed_loop_http import logged_decisions, read_decision_log
 from tests.conftest import REPO_ROOT
 
@@ -83,6 +84,31 @@ def test_small_tables_train_for_at_least_the_updates_asked() -> None:
     assert epochs_for(base, 99_000, 1900) == 20  # the shipped sample: its own epochs
     assert epochs_for(base, 21_500, 2000) == 96  # 21 minibatches an epoch
     assert epochs_for(base, 500, 0) == 20
+
+
+def test_parametric_values_saturate_near_the_optimal_policys(tmp_path: Path) -> None:
+    from reagent_lite.samples.parametric_env import HELD_OUT_SEED_OFFSET, ParametricBanditEnv
+
+    env = ParametricBanditEnv(seed=3)
+    (tmp_path / "values.json").write_text(json.dumps({"env": env.to_dict()}))
+    loop = ParametricLoop()
+    loop.setup(tmp_path)
+    best = env.optimal_value(env.sample_contexts(20_000, seed=HELD_OUT_SEED_OFFSET))
+    assert loop.saturated() == pytest.approx(0.95 * best)
+
+    def rows(*fractions: float) -> list[RoundRow]:
+        out = []
+        for k, f in enumerate(fractions, start=1):
+            row = RoundRow(k, "epsilon:0.1", f"m{k}", 10, answered=10, logged=10)
+            row.greedy = Measured(f * best, 0.0, f * best, 0.0)
+            row.cpe = Estimate("doubly_robust", f * best, 0.01)
+            out.append(row)
+        return out
+
+    # Exact values a hair apart once saturated are not a step back.
+    assert goals_met("parametric", rows(0.97, 0.989, 0.988), loop.saturated())[0]
+    assert not goals_met("parametric", rows(0.97, 0.94), loop.saturated())[0]
+    assert not goals_met("parametric", rows(0.80, 0.90), loop.saturated())[0]
 
 
 def test_bookkeeping_names_rounds_with_lost_or_unjoined_decisions() -> None:
