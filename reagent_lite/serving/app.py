@@ -93,8 +93,12 @@ def create_app(
             if watcher is not None:
                 watcher.cancel()
             await batcher.stop()
-            await run_in_threadpool(policy.close)
-            log.info("serving: decision log closed (%s)", policy.stats())
+            try:
+                await run_in_threadpool(policy.close)
+            except LogUnavailable as err:  # the command exits non-zero with this message
+                log.error("serving: the decision log could not be written out: %s", err)
+            else:
+                log.info("serving: decision log closed (%s)", policy.stats())
 
     app = FastAPI(title="reagent-lite serve", lifespan=lifespan)
 

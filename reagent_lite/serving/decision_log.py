@@ -28,18 +28,28 @@ Design (what is where, and why nothing is lost):
   server answers 503), so no answered decision goes unlogged.
 * **Threads.** One lock guards the in-memory state; `record` and `feedback` never wait
   for disk I/O (the flusher swaps the buffers out under the lock and writes outside it).
+* **Refusals.** `record` raises `RecordRefused` (422) for a decision whose row the
+  timeline or the workflows would refuse, the whole log with it for a repeated step.
+* One log per directory: an exclusive `flock` on `_journal/.lock` while it is open (the
+  kernel drops it with the process), since two logs would delete each other's journal.
 * `close` writes everything, held decisions as feedback missing, and empties the journal.
 """
 
 from __future__ import annotations
 
 import contextlib
+import fcntl
+import heapq
+import itertools
+import os
 import tempfile
 import threading
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+
+import pyarrow.parquet as pq
 
 from reagent_lite.errors import ReagentLiteError
 from reagent_lite.io_utils import describe_os_error, remove_temp_files
@@ -49,15 +59,22 @@ from reagent_lite.serving.log_parts import (
     DecisionRecord,
     Row,
     check_record,
+    is_number,
     list_parts,
     part_name,
     part_time_us,
     read_decision_ids,
     read_records,
+    schema,
     write_part,
 )
 
-__all__ = ["DecisionLog", "DecisionRecord", "LogUnavailable"]
+__all__ = ["DecisionLog", "DecisionRecord", "LogUnavailable", "RecordRefused"]
+
+
+class RecordRefused(ValueError):
+    """A decision the log will not take because the timeline would refuse its row, or
+    the whole log, for it (the server answers 422 with this message)."""
 
 
 class LogUnavailable(ReagentLiteError, RuntimeError):
@@ -70,7 +87,7 @@ class LogUnavailable(ReagentLiteError, RuntimeError):
 @dataclass
 class _Held:
     rec: DecisionRecord
-    deadline_s: float  # wall clock: rec.time_s + the feedback window
+    ticket: int  # its entry in the expiry heap (a stale entry has another ticket)
 
 
 class DecisionLog:
@@ -98,9 +115,16 @@ class DecisionLog:
         self._interval, self._max_rows = flush_interval_s, part_max_rows
         self._window = feedback_window_s
         self._lock = threading.Lock()  # the in-memory state below
-        self._io = threading.Lock()  # one flush at a time
+        self._io = threading.RLock()  # one flush at a time
         self._wake = threading.Condition(self._lock)
         self._held: dict[str, _Held] = {}  # decision_id -> decision waiting for feedback
+        # (deadline: time_s + window, ticket, decision_id): expiry without a scan of _held;
+        # entries of answered decisions stay until their deadline and are then skipped.
+        self._deadlines: list[tuple[float, int, str]] = []
+        self._tickets = itertools.count()
+        # (mdp_id, sequence_number) of the held decisions: a repeat (a client's retry) would
+        # make the timeline refuse the whole log, so it is refused here.
+        self._steps: set[tuple[str, int]] = set()
         self._ready: list[Row] = []  # rows for the next final part
         self._unjournaled: list[str] = []  # held ids not yet in a journal part
         self._journal_of: dict[str, Path] = {}  # id (held or ready) -> its journal part
@@ -115,11 +139,20 @@ class DecisionLog:
             self._journal.mkdir(parents=True, exist_ok=True)
             for directory in (self.log_dir, self._journal):  # fail now, not at the first flush
                 tempfile.NamedTemporaryFile(dir=directory, prefix=".write-probe-").close()
+            self._dir_lock = self._lock_dir()
+        except OSError as err:
+            raise LogUnavailable(
+                f"decision log: cannot use {describe_os_error(err)}; expected a writable directory"
+            ) from err
+        try:
             remove_temp_files(self.log_dir)
             remove_temp_files(self._journal)
             self._recover()
-        except OSError as err:
-            raise LogUnavailable(self._message(err)) from err
+        except (OSError, ValueError, LogUnavailable) as err:
+            os.close(self._dir_lock)  # not left locked by a log that never opened
+            if isinstance(err, LogUnavailable):
+                raise
+            raise LogUnavailable(f"decision log {self.log_dir}: cannot recover: {err}") from err
         self._thread = threading.Thread(target=self._run, name="decision-log", daemon=True)
         self._thread.start()
 
@@ -127,14 +160,23 @@ class DecisionLog:
 
     def record(self, rec: DecisionRecord) -> None:
         """Holds `rec` until its feedback (thread-safe; no disk I/O). LogUnavailable when
-        the log is closed or its last write failed; ValueError for a row the timeline
-        would refuse (a propensity outside (0, 1], the wrong action type, a repeated id)."""
-        check_record(rec, self.kind)
+        the log is closed or its last write failed; RecordRefused for a row the timeline
+        would refuse (a propensity outside (0, 1], the wrong action type, a repeated id or
+        a repeated step of a held decision)."""
+        problem = check_record(rec, self.kind)
+        if problem:
+            raise RecordRefused(problem)
         with self._lock:
             self._check_available()
             if rec.decision_id in self._held:
-                raise ValueError(f"decision_id {rec.decision_id!r} is already recorded")
-            self._held[rec.decision_id] = _Held(rec, rec.time_s + self._window)
+                raise RecordRefused(f"decision_id {rec.decision_id!r} is already recorded")
+            step = (rec.mdp_id, rec.sequence_number)
+            if step in self._steps:
+                raise RecordRefused(
+                    f"mdp_id {rec.mdp_id!r}, sequence_number {rec.sequence_number}: a decision "
+                    "of that step is already waiting for feedback; expected one per step"
+                )
+            self._hold(rec)
             self._unjournaled.append(rec.decision_id)
             self._counts["decisions"] += 1
 
@@ -142,15 +184,23 @@ class DecisionLog:
         self, decision_id: str, reward: float, metrics: Mapping[str, float] | None = None
     ) -> bool:
         """Joins `reward` (and `metrics`) to a held decision; False (counted) when no
-        decision `decision_id` is held: unknown, its window ended, or already answered."""
+        decision `decision_id` is held: unknown, its window ended, or already answered.
+        RecordRefused for a reward or metric that is not a finite number."""
+        values = {"reward": reward, **{f"metrics[{k!r}]": v for k, v in (metrics or {}).items()}}
+        for name, value in values.items():
+            if not is_number(value):
+                raise RecordRefused(
+                    f"feedback for {decision_id!r}: {name} is {value!r}; expected a finite number"
+                )
         with self._lock:
             if self._closed:
                 raise LogUnavailable(f"decision log {self.log_dir} is closed")
-            held = self._held.pop(decision_id, None)
+            held = self._release(decision_id)
             if held is None:
                 self._counts["feedback_unmatched"] += 1
                 return False
-            self._ready.append(Row(held.rec, float(reward), dict(metrics or {}), False))
+            row_metrics = {str(k): float(v) for k, v in (metrics or {}).items()}
+            self._ready.append(Row(held.rec, float(reward), row_metrics, False))
             self._counts["feedback_joined"] += 1
             if len(self._ready) >= self._max_rows:
                 self._wake.notify()
@@ -170,7 +220,12 @@ class DecisionLog:
                 self._wake.notify()
         if self._thread.is_alive() and self._thread is not threading.current_thread():
             self._thread.join()
-        self._flush(expire_all=True)
+        with self._io:
+            if self._dir_lock < 0:
+                return  # closed before, everything written
+            self._flush(expire_all=True)
+            os.close(self._dir_lock)  # the lock goes with it
+            self._dir_lock = -1
 
     def stats(self) -> Mapping[str, int]:
         """decisions, feedback_joined, feedback_unmatched, feedback_missing, pending,
@@ -249,12 +304,27 @@ class DecisionLog:
                 emptied.append(path)
         return emptied
 
+    def _hold(self, rec: DecisionRecord) -> None:
+        ticket = next(self._tickets)
+        self._held[rec.decision_id] = _Held(rec, ticket)
+        self._steps.add((rec.mdp_id, rec.sequence_number))
+        heapq.heappush(self._deadlines, (rec.time_s + self._window, ticket, rec.decision_id))
+
+    def _release(self, decision_id: str) -> _Held | None:
+        held = self._held.pop(decision_id, None)
+        if held is not None:
+            self._steps.discard((held.rec.mdp_id, held.rec.sequence_number))
+        return held
+
     def _expire(self, now_s: float) -> None:
-        for decision_id, held in list(self._held.items()):
-            if held.deadline_s <= now_s:
-                del self._held[decision_id]
-                self._ready.append(Row(held.rec, 0.0, {}, True))
-                self._counts["feedback_missing"] += 1
+        while self._deadlines and self._deadlines[0][0] <= now_s:
+            _, ticket, decision_id = heapq.heappop(self._deadlines)
+            held = self._held.get(decision_id)
+            if held is None or held.ticket != ticket:
+                continue  # answered already
+            self._release(decision_id)
+            self._ready.append(Row(held.rec, 0.0, {}, True))
+            self._counts["feedback_missing"] += 1
 
     def _next_path(self, directory: Path) -> Path:
         # Strictly increasing times, also across restarts (see _recover): a final part
@@ -270,6 +340,21 @@ class DecisionLog:
         if self._failure is not None:
             raise LogUnavailable(self._failure)
 
+    def _lock_dir(self) -> int:
+        """An exclusive lock on the directory for this log's life (the kernel drops it
+        when the process dies, SIGKILL included): two logs in one directory would delete
+        each other's journal parts."""
+        fd = os.open(self._journal / ".lock", os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise LogUnavailable(
+                f"decision log {self.log_dir}: another decision log writes there (it holds "
+                f"{self._journal / '.lock'}); expected one per directory"
+            ) from None
+        return fd
+
     def _message(self, err: OSError) -> str:
         return (
             f"decision log {self.log_dir}: cannot write {describe_os_error(err)}; decisions "
@@ -282,6 +367,16 @@ class DecisionLog:
         finals, journal = list_parts(self.log_dir), list_parts(self._journal)
         times = [part_time_us(p.name) or 0 for p in finals + journal]
         self._last_us = max(times, default=0)
+        if finals:
+            # Parts of another kind (or format) in one directory: the timeline would refuse it.
+            found = pq.read_schema(finals[-1])
+            if not found.equals(schema(self.kind)):
+                action = found.field("action").type if "action" in found.names else "none"
+                raise LogUnavailable(
+                    f"decision log {self.log_dir}: {finals[-1].name} holds rows of another kind "
+                    f"or format (action: {action}); expected {self.kind} decision-log parts: "
+                    "give this model its own log directory"
+                )
         if not journal:
             return
         oldest = part_time_us(journal[0].name) or 0
@@ -294,7 +389,7 @@ class DecisionLog:
             for rec in read_records(path):
                 if rec.decision_id in final_ids or rec.decision_id in self._held:
                     continue
-                self._held[rec.decision_id] = _Held(rec, rec.time_s + self._window)
+                self._hold(rec)
                 self._journal_of[rec.decision_id] = path
                 live += 1
             if live:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import datetime as dt
 import math
+import numbers
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -80,11 +81,31 @@ def _fmap(features: FeatureMap) -> list[tuple[str, float]]:
     return [(str(int(k)), float(v)) for k, v in features.items()]
 
 
-def check_record(rec: DecisionRecord, kind: str) -> None:
-    """ValueError naming the field when `rec` would make a row the timeline refuses."""
+def is_number(value: object) -> bool:
+    """A finite real number (numpy's too; not a bool, not a string)."""
+    return isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def check_record(rec: DecisionRecord, kind: str) -> str | None:
+    """What is wrong with `rec` (naming the field) when the timeline would refuse its row,
+    or when it could not be written at all (a value of the wrong type, found here rather
+    than by the flusher, where it would hold up every row after it)."""
+    for name in ("decision_id", "mdp_id", "model_id"):
+        if not isinstance(getattr(rec, name), str):
+            return f"decision {rec.decision_id!r}: {name} is {getattr(rec, name)!r}; expected a str"
+    for name, value in (("sequence_number", rec.sequence_number), ("time_s", rec.time_s)):
+        if not is_number(value) or (name == "sequence_number" and int(value) != value):
+            return f"decision {rec.decision_id!r}: {name} is {value!r}; expected a finite number"
+    if not isinstance(rec.state_features, Mapping) or not isinstance(
+        rec.possible_actions, (list, tuple)
+    ):
+        return (
+            f"decision {rec.decision_id!r}: state_features is a {type(rec.state_features)} "
+            f"and possible_actions a {type(rec.possible_actions)}; expected a dict and a list"
+        )
     p = rec.action_probability
-    if not isinstance(p, (int, float)) or not math.isfinite(p) or not 0.0 < p <= 1.0:
-        raise ValueError(
+    if not is_number(p) or not 0.0 < p <= 1.0:
+        return (
             f"decision {rec.decision_id!r}: action_probability is {p!r}; expected a number "
             "in (0, 1]"
         )
@@ -92,17 +113,33 @@ def check_record(rec: DecisionRecord, kind: str) -> None:
         if not isinstance(rec.action, str) or not all(
             isinstance(a, str) for a in rec.possible_actions
         ):
-            raise ValueError(
+            return (
                 f"decision {rec.decision_id!r}: a dqn decision's action and possible_actions "
                 f"are action names (str); got action {rec.action!r}"
             )
     elif not isinstance(rec.action, Mapping) or not all(
         isinstance(a, Mapping) for a in rec.possible_actions
     ):
-        raise ValueError(
+        return (
             f"decision {rec.decision_id!r}: a parametric_dqn decision's action and "
             f"possible_actions are feature maps (dict[int, float]); got action {rec.action!r}"
         )
+    maps: list[tuple[str, FeatureMap]] = [("state_features", rec.state_features)]
+    if isinstance(rec.action, Mapping):
+        maps.append(("action", rec.action))
+        maps += [
+            (f"possible_actions[{i}]", a)
+            for i, a in enumerate(rec.possible_actions)
+            if isinstance(a, Mapping)
+        ]
+    for name, features in maps:
+        for k, v in features.items():
+            if not isinstance(k, numbers.Integral) or k < 0 or not is_number(v):
+                return (
+                    f"decision {rec.decision_id!r}: {name} has {k!r}: {v!r}; expected "
+                    "non-negative integer feature ids and finite values"
+                )
+    return None
 
 
 def table(rows: Sequence[Row], kind: str) -> pa.Table:

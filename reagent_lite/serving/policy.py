@@ -50,13 +50,17 @@ class RequestError(DataError):
         self.field = field
 
     @classmethod
+    def whole(cls, field: str, message: str) -> RequestError:
+        """An error whose `message` names its fields itself."""
+        out = cls(field, "")
+        out.args = (message,)
+        return out
+
+    @classmethod
     def invalid(cls, err: ValidationError) -> RequestError:
         """Pydantic's errors, each already naming its field."""
-        out = cls("", "")
-        out.args = (describe_errors(err),)
         loc = err.errors()[0].get("loc", ()) if err.errors() else ()
-        out.field = str(loc[0]) if loc else "request"
-        return out
+        return cls.whole(str(loc[0]) if loc else "request", describe_errors(err))
 
 
 @dataclass(frozen=True)
@@ -213,7 +217,12 @@ class Policy:
             sequence_number=seq,
         )
         if self._log is not None:
-            self._log.record(self._record(row, decision, index))
+            from reagent_lite.serving.decision_log import RecordRefused
+
+            try:
+                self._log.record(self._record(row, decision, index))
+            except RecordRefused as err:  # a row the timeline would refuse: a bad request
+                raise RequestError.whole("request", str(err)) from None
         with self._lock:
             self.counts["decisions"] += 1
         return decision

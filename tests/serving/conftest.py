@@ -21,14 +21,23 @@ from tests.conftest import REPO_ROOT
 from tests.test_api import tiny_config
 
 
-@pytest.fixture(scope="session")
-def dqn_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    tmp = tmp_path_factory.mktemp("serve_dqn")
+def _tiny_dqn(tmp: Path, seed: int) -> Path:
     cfg = tiny_config(tmp)
-    cfg.update(epochs=1, eval_data_path=None)
+    cfg.update(epochs=1, eval_data_path=None, seed=seed)
     cfg["training"] = {**cfg["training"], "steps_per_epoch": 3}
     cfg["evaluation"] = {"calc_cpe_in_training": False, "online_episodes": 0}
     return reagent_lite.train(cfg).model_dir
+
+
+@pytest.fixture(scope="session")
+def dqn_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return _tiny_dqn(tmp_path_factory.mktemp("serve_dqn"), seed=0)
+
+
+@pytest.fixture(scope="session")
+def dqn_model_b(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Another dqn model of the same features and actions (the next round's)."""
+    return _tiny_dqn(tmp_path_factory.mktemp("serve_dqn_b"), seed=1)
 
 
 @pytest.fixture(scope="session")

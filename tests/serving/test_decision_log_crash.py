@@ -38,8 +38,8 @@ while True:
 
 FLUSH_S = 0.2
 # What a kill may lose: decisions of the last flush interval, plus the time the write
-# under way takes on a busy machine.
-MAY_LOSE_S = FLUSH_S + 1.0
+# under way takes — on this shared 2-core machine a process can stall for seconds.
+MAY_LOSE_S = FLUSH_S + 2.5
 LAG = 100
 
 
@@ -58,7 +58,7 @@ def test_sigkill_loses_at_most_the_last_interval_and_recovers(tmp_path: Path) ->
             i, t = line.split()
             printed[int(i)] = float(t)
             # Killed mid-stream: after a few flushes, with decisions both held and written.
-            if len(printed) > 600 and list((tmp_path / "_journal").glob("part-*")):
+            if len(printed) > 2000 and list((tmp_path / "_journal").glob("part-*")):
                 break
         os.kill(child.pid, signal.SIGKILL)
         killed_at = time.time()
@@ -69,7 +69,7 @@ def test_sigkill_loses_at_most_the_last_interval_and_recovers(tmp_path: Path) ->
     for line in rest.splitlines():
         i, t = line.split()
         printed[int(i)] = float(t)
-    assert child.returncode == -signal.SIGKILL and len(printed) > 600
+    assert child.returncode == -signal.SIGKILL and len(printed) > 2000
 
     log = DecisionLog(tmp_path, "dqn", flush_interval_s=FLUSH_S)
     recovered = log.stats()["recovered"]
@@ -99,4 +99,4 @@ def test_sigkill_loses_at_most_the_last_interval_and_recovers(tmp_path: Path) ->
             assert (row["reward"], row["feedback_missing"]) == (float(i), False)
         else:  # answered in the last interval, or never: either way one row
             assert row["reward"] in (0.0, float(i))
-    assert not list((tmp_path / "_journal").iterdir())
+    assert not list((tmp_path / "_journal").glob("part-*"))

@@ -39,7 +39,7 @@ while time.monotonic() < deadline and not message:
         message = str(err)
     time.sleep(0.002)
 readable = sum(pq.read_table(p).num_rows for p in log_dir.glob("part-*"))
-leftovers = sorted(str(p.relative_to(log_dir)) for p in log_dir.rglob(".*"))
+leftovers = sorted(str(p.relative_to(log_dir)) for p in log_dir.rglob(".*.tmp*"))
 try:
     log.record(rec(len(accepted)))
     accepted.append(f"d{len(accepted)}")

@@ -149,3 +149,53 @@ def test_parametric_requires_candidate_maps(parametric_model: Path) -> None:
 def test_feedback_without_a_log_dir_says_so(dqn_model: Path) -> None:
     with Policy(dqn_model) as policy, pytest.raises(ConfigError, match="no log_dir"):
         policy.feedback("x", 1.0)
+
+
+def test_a_parametric_batch_of_mixed_candidate_counts_is_one_call(parametric_model: Path) -> None:
+    """Candidate sets of different sizes, padded into one model call, score as each does
+    alone (the padding is masked, never chosen)."""
+    from reagent_lite.serving.schemas import ActRequest
+
+    ids = meta(parametric_model)["action_feature_ids"]
+    rng = np.random.default_rng(1)
+    requests = [
+        ActRequest(
+            state_features=_state(parametric_model, seed=k),
+            possible_actions=[{f: float(rng.normal()) for f in ids} for _ in range(k)],
+        )
+        for k in (1, 3, 6)
+    ]
+    with Policy(parametric_model, exploration="softmax:0.5") as policy:
+        together = policy.act_batch(requests)
+        assert policy.stats()["model_calls"] == 1
+        alone = [policy.act_batch([r])[0] for r in requests]
+    for t, a in zip(together, alone, strict=True):
+        assert not isinstance(t, Exception) and not isinstance(a, Exception)
+        np.testing.assert_allclose(t.probabilities, a.probabilities, rtol=1e-5)
+    assert [len(t.probabilities) for t in together if not isinstance(t, Exception)] == [1, 3, 6]
+
+
+def test_policy_with_a_log_dir_logs_each_decision_and_joins_feedback(
+    dqn_model: Path, parametric_model: Path, tmp_path: Path
+) -> None:
+    import pyarrow.parquet as pq
+
+    with Policy(dqn_model, "epsilon:0.5", log_dir=tmp_path / "dqn", seed=0) as policy:
+        made = [policy.act(_state(dqn_model, i), possible_actions=["1", "0"]) for i in range(3)]
+        assert policy.feedback(made[1].decision_id, 4.0, {"m": 1.0})
+        assert not policy.feedback("unknown", 1.0)
+    rows = {r["decision_id"]: r for r in pq.read_table(tmp_path / "dqn").to_pylist()}
+    assert set(rows) == {d.decision_id for d in made}
+    for d in made:
+        row = rows[d.decision_id]
+        assert (row["action"], row["action_probability"]) == (d.action, d.propensity)
+        assert row["possible_actions"] == ["1", "0"] and row["model_id"] == d.model_id
+    assert rows[made[1].decision_id]["reward"] == 4.0
+
+    ids = meta(parametric_model)["action_feature_ids"]
+    cands = [{ids[0]: float(i)} for i in range(3)]
+    with Policy(parametric_model, "softmax:1", log_dir=tmp_path / "par", seed=0) as policy:
+        d = policy.act(_state(parametric_model), possible_actions=cands)
+    (row,) = pq.read_table(tmp_path / "par").to_pylist()
+    assert dict(row["action"]) == cands[int(d.action)]
+    assert [dict(c) for c in row["possible_actions"]] == cands

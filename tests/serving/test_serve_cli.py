@@ -45,3 +45,29 @@ def test_without_the_serve_extra_it_says_what_to_install(tmp_path: Path) -> None
     assert result.returncode == 2, result.stderr
     assert "pip install 'reagent-lite[serve]'" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_accepted_connections_send_without_nagle_delay() -> None:
+    """Responses go out at once (TCP_NODELAY on every accepted connection): with Nagle,
+    a response's body waits for the client's delayed ACK of its headers (~40 ms)."""
+    import socket
+
+    from reagent_lite.serving.server import _listen
+
+    listener = _listen("127.0.0.1", 0)
+    with listener, socket.create_connection(listener.getsockname()[:2], timeout=10):
+        conn, _ = listener.accept()
+        with conn:
+            assert conn.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY)
+            assert conn.proto == socket.IPPROTO_TCP  # asyncio sets NODELAY only then
+
+
+def test_a_second_server_on_the_same_log_dir_exits_2(
+    dqn_model: Path, serve, tmp_path: Path
+) -> None:
+    serve(dqn_model, log_dir=tmp_path / "log")
+    result = run_module("reagent_lite.console", "serve", "--model", str(dqn_model),
+                        "--log-dir", str(tmp_path / "log"), "--port", "0", timeout=180)  # fmt: skip
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert f"decision log {tmp_path / 'log'}" in result.stderr
+    assert "Traceback" not in result.stderr

@@ -4,6 +4,8 @@ spoken to over HTTP (standard library client), its decision log read back as Par
 from __future__ import annotations
 
 import math
+import shutil
+import time
 from pathlib import Path
 
 import pyarrow.parquet as pq
@@ -102,5 +104,34 @@ def test_bad_requests_are_422_naming_the_field(dqn_model: Path, serve) -> None:
     assert status == 422 and "Traceback" not in str(answer)
     status, answer = server.request("POST", "/v1/feedback", {"decision_id": "x", "reward": "y"})
     assert status == 422 and "reward: Input should be a valid number" in answer["error"]
+    # A step of an episode answered twice while the first still waits for its feedback:
+    # the timeline would refuse the log, so the second is a bad request.
+    step = {"state_features": {"0": 1}, "mdp_id": "dup", "sequence_number": 0}
+    assert server.act(step)[0] == 200
+    status, answer = server.act(step)
+    assert status == 422 and "'dup'" in answer["error"], answer
     # The server still answers after all that.
     assert server.act({"state_features": {"0": 1}})[0] == 200
+
+
+def test_a_log_that_cannot_be_written_is_503_and_the_exit_says_why(
+    dqn_model: Path, serve, tmp_path: Path
+) -> None:
+    log_dir = tmp_path / "log"
+    server = serve(dqn_model, "--flush-interval-s", "0.1", log_dir=log_dir)
+    state = {"state_features": {f: 0.0 for f in meta(dqn_model)["state_feature_ids"]}}
+    assert server.act(state)[0] == 200
+    # The log directory becomes a file: every write under it fails (ENOTDIR), root or not.
+    shutil.rmtree(log_dir)
+    log_dir.write_text("")
+    deadline = time.monotonic() + 30
+    while (answer := server.act(state))[0] == 200:
+        assert time.monotonic() < deadline, "no 503 within 30 s of the log going away"
+        time.sleep(0.05)
+    status, body = answer
+    assert status == 503, body
+    assert f"decision log {log_dir}: cannot write" in body["error"]
+    assert server.request("GET", "/v1/health")[0] == 200  # up, and saying why it refuses
+    code, err = server.stop()
+    assert code == 2 and f"decision log {log_dir}: cannot write" in err, err[-2000:]
+    assert "Traceback" not in err
