@@ -32,7 +32,8 @@ def matched_settings(cfg: dict[str, Any], rows: int) -> tuple[dict[str, Any], in
     rl, training = cfg.get("rl", {}), cfg["training"]
     hidden = [int(h) for h in training["layers"][1:-1]]
     batch = int(training["minibatch_size"]) * int(training.get("minibatches_per_step", 1))
-    steps = int(cfg["epochs"]) * -(-rows // batch)  # the workflow's steps per epoch × epochs
+    # The workflow's steps per epoch (`training.steps_per_epoch`, else one pass) × epochs.
+    steps = int(cfg["epochs"]) * int(training.get("steps_per_epoch") or -(-rows // batch))
     common = {
         "batch_size": batch,
         "gamma": float(rl.get("gamma", 0.99)),
