@@ -193,6 +193,7 @@ def ours(
             cfg["evaluation"]["calc_cpe_in_training"] = False
             if args.quick:
                 cfg.update(epochs=1)
+                cfg["training"]["steps_per_epoch"] = 20
                 cfg["evaluation"].update(online_episodes=2, calc_cpe_in_training=False)
             rc = train(cfg, out / f"config_v{v}_seed{seed}.json")
             model = Path(cfg["model_output_path"])

