@@ -23,25 +23,31 @@ def quiet() -> None:
 
 
 def matched_settings(cfg: dict[str, Any], rows: int) -> tuple[dict[str, Any], int]:
-    """d3rlpy's config keywords for a workflow config's network, batch, γ, learning rate,
-    standardised observations and target updates (our soft rate τ as a hard copy every
-    1/τ steps), and the number of updates the workflow makes on `rows` transitions."""
+    """d3rlpy's config keywords for a workflow config's network (LayerNorm included), batch,
+    γ, learning rate, standardised observations and target updates (our soft rate τ as a
+    hard copy every 1/τ steps), and the number of updates the workflow makes on `rows`
+    transitions."""
     import d3rlpy
 
     rl, training = cfg.get("rl", {}), cfg["training"]
     hidden = [int(h) for h in training["layers"][1:-1]]
     batch = int(training["minibatch_size"]) * int(training.get("minibatches_per_step", 1))
-    steps = int(cfg["epochs"]) * -(-rows // batch)  # the workflow's steps per epoch × epochs
+    # The workflow's steps per epoch (`training.steps_per_epoch`, else one pass) × epochs.
+    steps = int(cfg["epochs"]) * int(training.get("steps_per_epoch") or -(-rows // batch))
     common = {
         "batch_size": batch,
         "gamma": float(rl.get("gamma", 0.99)),
         "learning_rate": float(training["learning_rate"]),
-        "encoder_factory": d3rlpy.models.VectorEncoderFactory(hidden_units=hidden),
+        # The same network: d3rlpy's encoder puts LayerNorm after each hidden layer too.
+        "encoder_factory": d3rlpy.models.VectorEncoderFactory(
+            hidden_units=hidden, use_layer_norm=bool(training.get("layer_norm", False))
+        ),
         "observation_scaler": d3rlpy.preprocessing.StandardObservationScaler(),
         "target_update_interval": max(1, round(1.0 / float(rl.get("target_update_rate", 0.01)))),
     }
     print(
-        f"d3rlpy {d3rlpy.__version__}: {steps} updates of batch {batch}, hidden {hidden}, "
+        f"d3rlpy {d3rlpy.__version__}: {steps} updates of batch {batch}, hidden {hidden} "
+        f"(layer_norm {bool(training.get('layer_norm', False))}), "
         f"gamma {common['gamma']}, lr {common['learning_rate']}, "
         f"target_update_interval {common['target_update_interval']}",
         flush=True,

@@ -75,7 +75,9 @@ def check_q_values(
             q = kind.q_all(q_net, probe, next_state=False)
     finally:
         q_net.train()
-    possible = torch.isfinite(q)  # BCQ masks dropped actions with -inf
+    # BCQ serves a dropped action at the lowest float: no Q-value, and |lowest| ≈ 3.4e38
+    # would read as divergence and refuse the export of every BCQ run that drops one.
+    possible = torch.isfinite(q) & (q > torch.finfo(q.dtype).min)
     if "possible_actions_mask" in probe:
         possible &= kind.candidate_mask(probe, next_state=False) > 0
     worst = float(torch.where(possible, q.abs(), 0.0).max()) if q.numel() else 0.0

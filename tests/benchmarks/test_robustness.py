@@ -1,0 +1,44 @@
+"""`benchmarks.robustness --quick` runs end to end: for every logging mix, a table with each
+of our contenders' median, worst seed, failed seeds and the seeds the run's own report
+flagged (tiny logs and one epoch: this checks the command and the table, not the quality).
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import run_module
+
+pytest.importorskip("gymnasium")  # the logs come from Acrobot-v1
+
+ROW = re.compile(
+    r"^  (reagent-lite dqn \((?:CQL|BCQ) [^)]*\))\s+(-?\d+\.\d)\s+(-?\d+\.\d)\s+"
+    r"(0|\d+ \[[\d, ]*\])\s+(0|\d+ \[[\d, ]*\])$"
+)
+
+
+@pytest.mark.timeout(1200)  # six workflow runs, each a fresh process, on a busy CPU
+def test_quick_run_prints_one_table_per_mix_and_flags_its_failed_seeds(tmp_path: Path) -> None:
+    proc = run_module(
+        "benchmarks.robustness", "--quick", "--out", str(tmp_path / "out"), timeout=1100
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    text = proc.stdout.split("Acrobot-v1: mean return", 1)[1]
+    sections = re.split(r"\n\n(random|mix60|heuristic) \(", text)[1:]
+    assert [sections[i] for i in range(0, len(sections), 2)] == ["random", "mix60", "heuristic"]
+    for body in sections[1::2]:
+        lines = body.splitlines()
+        assert lines[1].split() == ["contender", "median", "worst", "failed", "flagged"]
+        rows = [ROW.match(line) for line in lines[2:] if line.strip()]
+        assert len(rows) == 2 and all(rows), lines
+        for row in rows:
+            assert row is not None
+            median, worst = float(row[2]), float(row[3])
+            assert -500.0 <= worst <= median <= 0.0
+            # Every failed seed is flagged by the run's own report (its online check plays
+            # the same episode seeds as the benchmark at seed 0), and nothing else.
+            assert row[4] == row[5], row[0]
+    assert "d3rlpy" not in proc.stdout
