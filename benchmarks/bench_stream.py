@@ -3,6 +3,8 @@
     python -m benchmarks.bench_stream --rows 1e5,1e6,1e7 --modes resident,host,disk,prepared
     python -m benchmarks.bench_stream --kind parametric --rows 1e5,1e6
     python -m benchmarks.bench_stream --rows 1e6 --row-group 8192 --modes resident,disk,prepared
+    python -m benchmarks.bench_stream --rows 111506 --row-group 8192 --window 32768 --batch 512 \
+        --layers 128,128 --epochs 4 --modes pair [--shape sparse] [--kind parametric]
 
 For each table size a synthetic dqn table (CartPole-shaped: 4 dense features, 2 actions,
 episodes of 20 steps, row groups of `--row-group` rows) — with `--kind parametric` a
@@ -23,6 +25,15 @@ loads included, as far as the background thread does not hide them) and its peak
   cache directory emptied first: a first run prepares the row groups (`prepare` row: its
   epochs include preparing, the first one most), a second run — a later run on the same
   data and config — reads them back (`prepared` row).
+
+`--shape sparse`: the state maps are wide and sparse instead (200 feature ids, 20 present
+on each row, a different set row by row). `--modes pair`: resident and prepared streaming
+of the same table and config in one process, epochs interleaved (resident, streamed,
+resident, ...), after a run that prepares the row groups and a warm-up epoch each; it
+prints each one's best epoch and their ratio, and how many threads besides the stream's
+own Python threads the streamed run started while training (OpenMP teams of loader threads: issue 41 —
+they make every team stop spinning between parallel regions; the pair shares one OpenMP
+runtime, so only this count, or separate `resident` / `prepared` runs, shows them).
 
 `/resident` divides by the resident row of the same table size and round; `per CPU-s` is
 transitions per CPU-second of the process (all its threads: a background window loader
@@ -98,6 +109,22 @@ def _features(
     return pa.MapArray.from_arrays(_offsets(present, FEATURES), keys, items)
 
 
+SPARSE_IDS, SPARSE_PRESENT = 200, 20  # --shape sparse: ids of a state map, present per row
+
+
+def _sparse(n: int, rng: np.random.Generator) -> pa.MapArray:
+    """Row i maps SPARSE_PRESENT distinct ids of 0..SPARSE_IDS-1 (start + k * step, the
+    step odd and not a multiple of 5, so coprime with 200) to normal values."""
+    start = rng.integers(0, SPARSE_IDS, n)[:, None]
+    step = rng.choice([1, 3, 7, 9, 11, 13, 17, 19, 21, 23], n)[:, None]
+    codes = (start + np.arange(SPARSE_PRESENT) * step) % SPARSE_IDS
+    ids = pa.array([str(i) for i in range(SPARSE_IDS)])
+    keys = pa.DictionaryArray.from_arrays(codes.reshape(-1).astype(np.int32), ids)
+    items = pa.array(rng.normal(size=n * SPARSE_PRESENT))
+    offsets = pa.array(np.arange(0, n * SPARSE_PRESENT + 1, SPARSE_PRESENT, dtype=np.int32))
+    return pa.MapArray.from_arrays(offsets, keys.dictionary_decode(), items)
+
+
 def _parametric(table: pa.Table, rng: np.random.Generator) -> pa.Table:
     """The parametric form of a dqn batch: candidate feature vectors instead of names."""
     n = table.num_rows
@@ -121,7 +148,7 @@ def _parametric(table: pa.Table, rng: np.random.Generator) -> pa.Table:
     return table.cast(PARAMETRIC_SCHEMA)
 
 
-def _batch(start: int, n: int, rng: np.random.Generator) -> pa.Table:
+def _batch(start: int, n: int, rng: np.random.Generator, shape: str = "cartpole") -> pa.Table:
     i = np.arange(start, start + n)
     seq = i % EPISODE
     last = seq == EPISODE - 1
@@ -135,10 +162,10 @@ def _batch(start: int, n: int, rng: np.random.Generator) -> pa.Table:
         {
             "mdp_id": pa.array(i // EPISODE),
             "sequence_number": pa.array(seq),
-            "state_features": _features(state),
+            "state_features": _features(state) if shape == "cartpole" else _sparse(n, rng),
             "action": pa.array(action),
             "reward": pa.array(rng.normal(size=n)),
-            "next_state_features": _features(nxt),
+            "next_state_features": _features(nxt) if shape == "cartpole" else _sparse(n, rng),
             "next_action": pa.array(next_action),
             "possible_actions": both,
             "possible_next_actions": possible_next,
@@ -156,10 +183,15 @@ def _lists(lengths: np.ndarray) -> pa.ListArray:
 
 
 def make_table(
-    path: Path, rows: int, row_group: int = 65_536, seed: int = 0, kind: str = "dqn"
+    path: Path,
+    rows: int,
+    row_group: int = 65_536,
+    seed: int = 0,
+    kind: str = "dqn",
+    shape: str = "cartpole",
 ) -> Path:
     """`rows` synthetic dqn (or parametric) transitions in `path`, written in pieces
-    (bounded memory)."""
+    (bounded memory); `shape` "sparse": wide sparse state maps."""
     if path.exists() and pq.ParquetFile(path).metadata.num_rows == rows:
         return path
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -170,7 +202,7 @@ def make_table(
         # peak RSS as the start of theirs (Linux keeps ru_maxrss across fork and exec).
         piece = row_group * (16 if kind == "dqn" else 1)
         for start in range(0, rows, piece):
-            batch = _batch(start, min(piece, rows - start), rng)
+            batch = _batch(start, min(piece, rows - start), rng, shape)
             writer.write_table(batch if kind == "dqn" else _parametric(batch, rng), row_group)
     tmp.rename(path)
     return path
@@ -189,9 +221,8 @@ def _cpu_s() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-def child(args: argparse.Namespace) -> None:
-    import torch
-
+def _workflow(args: argparse.Namespace, mode: str, out: str) -> Any:
+    """A real `Workflow` of `mode`, set up from a config (not yet trained)."""
     from reagent_lite.config import (
         DQNWorkflowConfig,
         ParametricDQNWorkflowConfig,
@@ -201,31 +232,53 @@ def child(args: argparse.Namespace) -> None:
     from reagent_lite.training.loop import Workflow
 
     dqn = args.kind == "dqn"
+    hidden = [int(w) for w in str(getattr(args, "layers", "256,256")).split(",")]
     cfg = config_from_dict(
         {
             "training_data_path": args.data,
-            "model_output_path": args.out,
+            "model_output_path": out,
             **({"actions": ["0", "1"]} if dqn else {}),
             "use_gpu": args.device != "cpu",
             "use_all_avail_gpus": False,
             "epochs": args.epochs,
             "checkpoint_every_epochs": 0,
-            "device_resident_data": args.mode == "resident",
-            "stream_from_disk": args.mode in ("disk", "prepare", "prepared"),
+            "device_resident_data": mode == "resident",
+            "stream_from_disk": mode in ("disk", "prepare", "prepared"),
             "stream_window_rows": args.window,
-            "stream_prepare": args.mode in ("prepare", "prepared"),
+            "stream_prepare": mode in ("prepare", "prepared"),
             "stream_prepared_dir": args.prepared_dir,
             "training": {
-                "layers": [-1, 256, 256, -1],
-                "activations": ["relu", "relu", "linear"],
+                "layers": [-1, *hidden, -1],
+                "activations": ["relu"] * len(hidden) + ["linear"],
                 "minibatch_size": args.batch,
-                "steps_per_epoch": args.steps,
+                "steps_per_epoch": args.steps or None,
             },
             "evaluation": {"calc_cpe_in_training": False},
         },
         DQNWorkflowConfig if dqn else ParametricDQNWorkflowConfig,
     )
-    wf = Workflow(cfg.workflow, cfg, DistContext.single(args.device))
+    return Workflow(cfg.workflow, cfg, DistContext.single(args.device))
+
+
+def _epoch(wf: Any, runner: Any, epoch: int) -> tuple[float, float]:
+    """Epoch `epoch` run by `runner`: (transitions/s, transitions per CPU-second)."""
+    import torch
+
+    runner.begin_epoch(epoch)
+    t, cpu = time.perf_counter(), _cpu_s()
+    for _ in range(wf.steps_per_epoch):
+        runner.step()
+    if wf.device.type == "cuda":
+        torch.cuda.synchronize(wf.device)
+    n = wf.steps_per_epoch * runner.step_rows
+    return n / (time.perf_counter() - t), n / (_cpu_s() - cpu)
+
+
+def child(args: argparse.Namespace) -> None:
+    if args.mode == "pair":
+        pair(args)
+        return
+    wf = _workflow(args, args.mode, args.out)
     base = _rss_mib()
     t0 = time.perf_counter()
     wf.setup()
@@ -234,14 +287,9 @@ def child(args: argparse.Namespace) -> None:
     runner = wf.step_runner()
     rates, cpu_rates = [], []
     for epoch in range(args.epochs):
-        runner.begin_epoch(epoch)
-        t, cpu = time.perf_counter(), _cpu_s()
-        for _ in range(wf.steps_per_epoch):
-            runner.step()
-        if wf.device.type == "cuda":
-            torch.cuda.synchronize(wf.device)
-        rates.append(wf.steps_per_epoch * runner.step_rows / (time.perf_counter() - t))
-        cpu_rates.append(wf.steps_per_epoch * runner.step_rows / (_cpu_s() - cpu))
+        rate, per_cpu = _epoch(wf, runner, epoch)
+        rates.append(rate)
+        cpu_rates.append(per_cpu)
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     prepared = wf.disk.prepared if wf.disk is not None else None
     out = {
@@ -262,13 +310,57 @@ def child(args: argparse.Namespace) -> None:
     print("RESULT " + json.dumps(out), flush=True)
 
 
+def _threads() -> set[int]:
+    """This process's threads (Linux), Python's own left out."""
+    import threading
+
+    python = {t.native_id for t in threading.enumerate()}
+    task = Path("/proc/self/task")
+    return {int(t) for t in os.listdir(task)} - python if task.is_dir() else set()
+
+
+def pair(args: argparse.Namespace) -> None:
+    """Resident and prepared streaming of one table and config in this process, epochs
+    interleaved (see the module notes)."""
+    base = Path(args.out)
+    # The row groups prepared (or found) by a run of their own first: reading Parquet grows
+    # Arrow's thread pools, which are not the stream's and must not count below.
+    prepare = _workflow(args, "prepare", str(base / "prepare"))
+    prepare.setup()
+    _epoch(prepare, prepare.step_runner(), 0)
+    prepare.cleanup()
+    resident = _workflow(args, "resident", str(base / "resident"))
+    resident.setup()
+    r_runner = resident.step_runner()
+    _epoch(resident, r_runner, 0)  # warm-up: the resident one's first epoch
+    streamed = _workflow(args, "prepared", str(base / "streamed"))
+    streamed.setup()
+    s_runner = streamed.step_runner()
+    before = _threads()  # those set-up started (Arrow's pools...) are not the stream's
+    _epoch(streamed, s_runner, 0)  # warm-up: reads the prepared row groups back
+    rates: dict[str, list[float]] = {"resident": [], "streamed": []}
+    for epoch in range(1, args.epochs):
+        rates["resident"].append(_epoch(resident, r_runner, epoch)[0])
+        rates["streamed"].append(_epoch(streamed, s_runner, epoch)[0])
+    time.sleep(1.0)  # the next epoch's window, read ahead, loaded: its loader threads joined
+    out = {
+        "resident": rates["resident"],
+        "streamed": rates["streamed"],
+        "stream_threads": len(_threads() - before),
+        "data": s_runner.describe(),
+    }
+    streamed.cleanup()
+    resident.cleanup()
+    print("RESULT " + json.dumps(out), flush=True)
+
+
 def run_child(data: Path, mode: str, args: argparse.Namespace) -> dict[str, Any]:
     cmd = [sys.executable, "-m", "benchmarks.bench_stream", "--child", "--data", str(data)]
     cmd += ["--mode", mode, "--out", str(Path(args.root) / f"out_{mode}")]
     cmd += ["--prepared-dir", str(Path(args.root) / "prepared")]
     for k in ("device", "batch", "steps", "epochs", "window"):
         cmd += [f"--{k}", str(getattr(args, k))]
-    cmd += ["--kind", getattr(args, "kind", "dqn")]
+    cmd += ["--kind", getattr(args, "kind", "dqn"), "--layers", getattr(args, "layers", "256,256")]
     proc = subprocess.run(
         cmd, capture_output=True, text=True, timeout=getattr(args, "timeout", 3600), env=os.environ
     )
@@ -288,9 +380,11 @@ def main() -> None:
         "--rounds", type=int, default=1, help="repeat the modes, alternating (a shared box)"
     )
     p.add_argument("--kind", default="dqn", choices=["dqn", "parametric"])
+    p.add_argument("--shape", default="cartpole", choices=["cartpole", "sparse"])
+    p.add_argument("--layers", default="256,256", help="hidden layer widths")
     p.add_argument("--device", default="cpu")
     p.add_argument("--batch", type=int, default=1024)
-    p.add_argument("--steps", type=int, default=200, help="steps per epoch (all modes)")
+    p.add_argument("--steps", type=int, default=200, help="steps per epoch (0: one pass)")
     p.add_argument("--epochs", type=int, default=2)
     p.add_argument("--window", type=int, default=262_144, help="stream_window_rows")
     p.add_argument("--root", default="/tmp/reagent_lite_bench_stream")
@@ -303,15 +397,18 @@ def main() -> None:
     if args.child:
         child(args)
         return
-    print(f"{args.kind}, device {args.device}, batch {args.batch}, {args.steps} steps × {args.epochs} epochs, "
-          f"row groups of {args.row_group:,} rows, window {args.window:,} rows, "
-          f"load {os.getloadavg()[0]:.1f}", flush=True)  # fmt: skip
+    print(f"{args.kind} ({args.shape}), device {args.device}, batch {args.batch}, layers {args.layers}, "
+          f"{args.steps or 'one pass of'} steps × {args.epochs} epochs, row groups of "
+          f"{args.row_group:,} rows, window {args.window:,} rows, OMP_NUM_THREADS "
+          f"{os.environ.get('OMP_NUM_THREADS', 'unset')}, load {os.getloadavg()[0]:.1f}", flush=True)  # fmt: skip
     header = "| rows | mode | transitions/s | /resident | per CPU-s | 1st epoch | setup s | peak RSS MiB | peak − before data MiB |"
     print(header + "\n|---|---|---|---|---|---|---|---|---|", flush=True)
     for rows in (int(float(r)) for r in args.rows.split(",")):
         t = time.perf_counter()
         name = f"{args.kind}_{rows}" + (f"_rg{args.row_group}" if args.row_group != 65_536 else "")
-        data = make_table(Path(args.root) / f"{name}.parquet", rows, args.row_group, kind=args.kind)
+        name += "_sparse" if args.shape == "sparse" else ""
+        path = Path(args.root) / f"{name}.parquet"
+        data = make_table(path, rows, args.row_group, kind=args.kind, shape=args.shape)
         made = time.perf_counter() - t
         if made > 1:
             print(f"(wrote {rows:,} rows in {made:.0f} s)", file=sys.stderr, flush=True)
@@ -321,6 +418,9 @@ def main() -> None:
         for round_ in range(args.rounds):
             resident = None
             for mode in args.modes.split(","):
+                if mode == "pair":
+                    _pair_row(rows, run_child(data, "pair", args))
+                    continue
                 if mode == "prepared" and round_ == 0:  # a first run prepares, later ones read
                     shutil.rmtree(Path(args.root) / "prepared", ignore_errors=True)
                     _row(rows, "prepare", run_child(data, "prepare", args), resident)
@@ -349,6 +449,15 @@ def _row(rows: int, mode: str, r: dict[str, Any], resident: dict[str, Any] | Non
     print(f"| {rows:.0e} | {mode} | {r['transitions_per_s']:,.0f} | {ratio} | "
           f"{r['per_cpu_s']:,.0f} | {r['first_epoch_per_s']:,.0f} | {r['setup_s']:.1f} | "
           f"{r['peak_rss_mib']:,.0f} | {r['peak_over_base_mib']:,.0f} |{_units(r)}", flush=True)  # fmt: skip
+
+
+def _pair_row(rows: int, r: dict[str, Any]) -> None:
+    """The pair mode's line: each one's epochs, best epochs and their ratio."""
+    res, st = max(r["resident"], default=float("nan")), max(r["streamed"], default=float("nan"))
+    each = " ".join(f"{a:,.0f}/{b:,.0f}" for a, b in zip(r["resident"], r["streamed"], strict=True))
+    print(f"| {rows:.0e} | pair: resident {res:,.0f}, prepared {st:,.0f} (best epochs) | "
+          f"{st / res:.2f} | epochs resident/streamed {each} | threads the stream started "
+          f"training, besides its own: {r['stream_threads']} |", flush=True)  # fmt: skip
 
 
 def _units(r: dict[str, Any]) -> str:

@@ -30,6 +30,14 @@ window bring it closer to a full shuffle. Peak memory is at most about three win
 one being trained on, the next one being loaded, and the chunk gathered from the current
 one), whatever the shard's size; loading holds, besides the window's arrays, the Arrow
 data of the row groups being decoded (one per loading thread).
+
+The stream's threads run torch on one OpenMP thread (`one_omp_thread`: a window's row
+order, its gathers, its load). A parallel op there would start a second OpenMP team that
+lives as long as the thread; with more OpenMP threads than cores, libgomp stops spinning
+between parallel regions in *every* team, the training thread's included, so each of a
+small step's dozens of ops waits for its worker thread to wake up. That, not the data, was
+what made dqn streamed from prepared units run at a quarter of resident speed on a quiet
+2-core CPU (issue 41; on a loaded box it goes the other way: spinning then wastes cores).
 """
 
 from __future__ import annotations
@@ -52,6 +60,22 @@ if TYPE_CHECKING:
     from reagent_lite.data.prepared import PreparedUnits
 
 
+@contextlib.contextmanager
+def one_omp_thread() -> Iterator[None]:
+    """Torch ops of the calling thread on one OpenMP thread inside, its count restored
+    after (see the module notes). The count is the calling thread's: the training thread's
+    own team is left alone (a thread started meanwhile starts at one too)."""
+    threads = torch.get_num_threads()
+    if threads == 1:
+        yield
+        return
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
 def _rng(seed: int, rank: int, epoch: int, what: int, index: int) -> np.random.Generator:
     """Seeded by (seed, rank, epoch) and `what` (0: unit order of pass `index`, 1: row
     order of window `index`)."""
@@ -72,7 +96,8 @@ class _Left:
 
 
 def _cat(a: dict[str, Tensor], b: dict[str, Tensor]) -> dict[str, Tensor]:
-    return {c: torch.cat([a[c], b[c]]) for c in a}
+    with one_omp_thread():
+        return {c: torch.cat([a[c], b[c]]) for c in a}
 
 
 @dataclass
@@ -81,7 +106,8 @@ class _Window:
     order: Tensor  # a permutation of the window's rows
 
     def gather(self, idx: Tensor) -> dict[str, Tensor]:
-        return {k: v.index_select(0, idx) for k, v in self.columns.items()}
+        with one_omp_thread():  # in the prefetcher's thread
+            return {k: v.index_select(0, idx) for k, v in self.columns.items()}
 
 
 class DiskShardStream:
@@ -154,14 +180,18 @@ class DiskShardStream:
                 yield window
 
     def _load(self, units: list[ShardPiece], epoch: int, k: int) -> _Window:
-        columns = self.load(units)
-        n = int(next(iter(columns.values())).shape[0]) if columns else 0
-        g = torch.Generator().manual_seed(
-            int(_rng(self.seed, self.rank, epoch, 1, k).integers(1 << 62))
-        )
+        # randperm fills its arange in parallel beyond 32k rows: on one thread here (the
+        # permutation itself is drawn serially, the same either way).
+        with one_omp_thread():
+            columns = self.load(units)
+            n = int(next(iter(columns.values())).shape[0]) if columns else 0
+            g = torch.Generator().manual_seed(
+                int(_rng(self.seed, self.rank, epoch, 1, k).integers(1 << 62))
+            )
+            order = torch.randperm(n, generator=g)
         with self._lock:
             self.windows_loaded += 1
-        return _Window(columns, torch.randperm(n, generator=g))
+        return _Window(columns, order)
 
     def _start(self, epoch: int) -> tuple[Iterator[list[ShardPiece]], Future[_Window]]:
         """The epoch's windows and the load of its first one (prefetched at the end of the

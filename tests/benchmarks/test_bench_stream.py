@@ -1,0 +1,38 @@
+"""bench_stream's table shapes and its pair mode (issue 41): real Parquet files, the pair in
+a real child process."""
+
+from __future__ import annotations
+
+from argparse import Namespace
+from pathlib import Path
+
+import pyarrow.parquet as pq
+
+from benchmarks.bench_stream import SPARSE_IDS, SPARSE_PRESENT, make_table, run_child
+
+
+def test_sparse_table_has_wide_sparse_state_maps(tmp_path: Path) -> None:
+    path = make_table(tmp_path / "s.parquet", 3000, row_group=1000, shape="sparse")
+    table = pq.read_table(path)
+    assert pq.ParquetFile(path).metadata.num_row_groups == 3
+    for column in ("state_features", "next_state_features"):
+        keys = [[k for k, _ in row] for row in table.column(column).to_pylist()]
+        assert all(len(set(row)) == len(row) == SPARSE_PRESENT for row in keys)
+        ids = {k for row in keys for k in row}
+        assert ids <= {str(i) for i in range(SPARSE_IDS)} and len(ids) > SPARSE_IDS // 2
+        assert len({tuple(sorted(row)) for row in keys}) > 1000  # sets differ row by row
+    # The issue's shape otherwise: action names, possible actions as lists of names.
+    assert table.column("possible_actions").to_pylist()[0] == ["0", "1"]
+
+
+def test_pair_runs_resident_and_streamed_in_one_process(tmp_path: Path) -> None:
+    data = make_table(tmp_path / "t.parquet", 4000, row_group=512)
+    args = Namespace(
+        root=str(tmp_path), device="cpu", batch=64, steps=0, epochs=3, window=1024,
+        kind="dqn", layers="16,16", timeout=300,
+    )  # fmt: skip
+    result = run_child(data, "pair", args)
+    assert len(result["resident"]) == len(result["streamed"]) == 2  # epochs after warm-up
+    assert all(r > 0 for r in result["resident"] + result["streamed"])
+    assert "streamed from disk" in result["data"] and "prepared units" in result["data"]
+    assert result["stream_threads"] == 0
