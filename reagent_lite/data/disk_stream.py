@@ -38,6 +38,9 @@ between parallel regions in *every* team, the training thread's included, so eac
 small step's dozens of ops waits for its worker thread to wake up. That, not the data, was
 what made dqn streamed from prepared units run at a quarter of resident speed on a quiet
 2-core CPU (issue 41; on a loaded box it goes the other way: spinning then wastes cores).
+A run that trains on a GPU sets `serial_threads` off: its training thread runs no OpenMP
+team to disturb, and a window's host gathers are faster on every core (on an H200 host,
+parametric streaming fell from 0.45x to 0.32x of resident with them serial).
 """
 
 from __future__ import annotations
@@ -61,12 +64,12 @@ if TYPE_CHECKING:
 
 
 @contextlib.contextmanager
-def one_omp_thread() -> Iterator[None]:
+def one_omp_thread(serial: bool = True) -> Iterator[None]:
     """Torch ops of the calling thread on one OpenMP thread inside, its count restored
     after (see the module notes). The count is the calling thread's: the training thread's
     own team is left alone (a thread started meanwhile starts at one too)."""
     threads = torch.get_num_threads()
-    if threads == 1:
+    if threads == 1 or not serial:
         yield
         return
     torch.set_num_threads(1)
@@ -95,8 +98,8 @@ class _Left:
         return 0 if self.carry is None else int(next(iter(self.carry.values())).shape[0])
 
 
-def _cat(a: dict[str, Tensor], b: dict[str, Tensor]) -> dict[str, Tensor]:
-    with one_omp_thread():
+def _cat(a: dict[str, Tensor], b: dict[str, Tensor], serial: bool) -> dict[str, Tensor]:
+    with one_omp_thread(serial):
         return {c: torch.cat([a[c], b[c]]) for c in a}
 
 
@@ -104,9 +107,10 @@ def _cat(a: dict[str, Tensor], b: dict[str, Tensor]) -> dict[str, Tensor]:
 class _Window:
     columns: dict[str, Tensor]
     order: Tensor  # a permutation of the window's rows
+    serial: bool = True  # its gathers on one OpenMP thread (`one_omp_thread`)
 
     def gather(self, idx: Tensor) -> dict[str, Tensor]:
-        with one_omp_thread():  # in the prefetcher's thread
+        with one_omp_thread(self.serial):  # in the prefetcher's thread
             return {k: v.index_select(0, idx) for k, v in self.columns.items()}
 
 
@@ -146,6 +150,9 @@ class DiskShardStream:
         # (epoch, its windows, the load of its first window) read ahead at an epoch's end.
         self._ahead: tuple[int, Iterator[list[ShardPiece]], Future[_Window]] | None = None
         self._lock = threading.Lock()
+        # The stream's own torch ops on one OpenMP thread: for CPU training (see the module
+        # notes). A GPU run trains on the device, and its host gathers go faster on many.
+        self.serial_threads = True
 
     def configure(self, *, step_rows: int, steps_per_epoch: int) -> None:
         self.step_rows = step_rows
@@ -182,7 +189,7 @@ class DiskShardStream:
     def _load(self, units: list[ShardPiece], epoch: int, k: int) -> _Window:
         # randperm fills its arange in parallel beyond 32k rows: on one thread here (the
         # permutation itself is drawn serially, the same either way).
-        with one_omp_thread():
+        with one_omp_thread(self.serial_threads):
             columns = self.load(units)
             n = int(next(iter(columns.values())).shape[0]) if columns else 0
             g = torch.Generator().manual_seed(
@@ -191,7 +198,7 @@ class DiskShardStream:
             order = torch.randperm(n, generator=g)
         with self._lock:
             self.windows_loaded += 1
-        return _Window(columns, order)
+        return _Window(columns, order, self.serial_threads)
 
     def _start(self, epoch: int) -> tuple[Iterator[list[ShardPiece]], Future[_Window]]:
         """The epoch's windows and the load of its first one (prefetched at the end of the
@@ -255,7 +262,7 @@ class DiskShardStream:
         if left.carry is not None:
             have = left.carried
             take = min(step - have, n)
-            left.carry = _cat(left.carry, win.gather(win.order[:take]))
+            left.carry = _cat(left.carry, win.gather(win.order[:take]), win.serial)
             pos = take
             if have + take == step:
                 chunk, left.carry = left.carry, None
@@ -268,7 +275,7 @@ class DiskShardStream:
             pos += rows
         if left.rows > 0 and pos < n:
             rest = win.gather(win.order[pos:])
-            left.carry = rest if left.carry is None else _cat(left.carry, rest)
+            left.carry = rest if left.carry is None else _cat(left.carry, rest, win.serial)
 
     def close(self) -> None:
         if self._ahead is not None:

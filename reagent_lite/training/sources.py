@@ -377,6 +377,9 @@ class DiskStreamed(StreamedRows):
             template, device, min(chunk_rows, disk.chunk_rows), minibatches, batch, epochs
         )
         self.disk = disk
+        # Serial stream threads protect a CPU training thread's OpenMP team; on a GPU the
+        # host gathers are better parallel (disk_stream's module notes).
+        disk.serial_threads = device.type != "cuda"
 
     @property
     def rows_per_epoch(self) -> int:

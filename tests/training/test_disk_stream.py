@@ -182,6 +182,7 @@ def test_cuda_prefetched_chunks_graph_and_eager_agree(
     for name in ("eager", "graph"):
         runner = runs[name].step_runner()
         assert runner.source.chunk_rows == 64 and "pinned" in runner.describe()
+        assert runner.source.disk.serial_threads is False  # host gathers on every core
         records = [
             json.loads(x) for x in (tmp_path / name / "metrics.jsonl").read_text().splitlines()
         ]
