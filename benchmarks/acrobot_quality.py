@@ -71,7 +71,8 @@ def rollout_model(out_dir: Path, episodes: int) -> float:
     return float(result["mean_return"])
 
 
-def rollout_policy(act: Callable[[np.ndarray], int], episodes: int) -> float:
+def play(act: Callable[[np.ndarray], int], episodes: int) -> list[float]:
+    """Returns of `episodes` greedy episodes, episode e reset with ROLLOUT_SEED + e."""
     import gymnasium as gym
 
     env = gym.make(ENV)
@@ -85,7 +86,11 @@ def rollout_policy(act: Callable[[np.ndarray], int], episodes: int) -> float:
             done = bool(term or trunc)
         returns.append(total)
     env.close()
-    return float(np.mean(returns))
+    return returns
+
+
+def rollout_policy(act: Callable[[np.ndarray], int], episodes: int) -> float:
+    return float(np.mean(play(act, episodes)))
 
 
 def greedy_of(algo: Any) -> Callable[[np.ndarray], int]:

@@ -43,7 +43,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.acrobot_quality import BCQ_THRESHOLD, greedy_of, load_table, variants
+from benchmarks.acrobot_quality import BCQ_THRESHOLD, greedy_of, load_table, play, variants
 from benchmarks.cartpole_quality import _env, _seed_config
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -110,24 +110,6 @@ def make_data(name: str, transitions: int, data_seed: int, out: Path) -> Path:
         )
         print(f"{name}: {made.steps} logged steps, logger {made.summary['mean_return']:.1f}")
     return out
-
-
-def play(act: Callable[[np.ndarray], int], episodes: int) -> list[float]:
-    """Returns of `episodes` greedy episodes, episode e reset with ROLLOUT_SEED + e."""
-    import gymnasium as gym
-
-    env = gym.make(ENV)
-    returns = []
-    for ep in range(episodes):
-        obs, _ = env.reset(seed=ROLLOUT_SEED + ep)
-        total, done = 0.0, False
-        while not done:
-            obs, r, term, trunc, _ = env.step(act(np.asarray(obs, dtype=np.float32)))
-            total += float(r)
-            done = bool(term or trunc)
-        returns.append(total)
-    env.close()
-    return returns
 
 
 def exported_actor(model_dir: Path) -> Callable[[np.ndarray], int]:

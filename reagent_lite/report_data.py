@@ -94,12 +94,12 @@ def improvement(estimate: dict[str, Any] | None) -> tuple[float, float] | None:
         return None
     raw, ratio = estimate.get("raw"), estimate.get("normalized")
     # raw = 0 gives ratio 0 whatever the logged value: its sign cannot be told then.
-    if not _finite(raw) or not _finite(ratio) or ratio == 0:
+    if not finite(raw) or not finite(ratio) or ratio == 0:
         return None
     assert raw is not None and ratio is not None
     logged_sign = math.copysign(1.0, raw) * math.copysign(1.0, ratio)
     err = estimate.get("normalized_std_error")
-    return logged_sign * (ratio - 1.0), float(err) if err is not None and _finite(err) else 0.0
+    return logged_sign * (ratio - 1.0), float(err) if err is not None and finite(err) else 0.0
 
 
 def unreliable(cpe: dict[str, Any], name: str) -> str | None:
@@ -138,8 +138,8 @@ def build_report_data(
 ) -> ReportData:
     """The report's content from the run's metrics records, `model_meta.json` and
     `config.json` (both optional: a run cut short has neither)."""
-    meta = _read_json(run_dir / "model_meta.json")
-    config = _read_json(run_dir / "config.json")
+    meta = read_json(run_dir / "model_meta.json")
+    config = read_json(run_dir / "config.json")
     epochs = [int(r["epoch"]) + 1 for r in epoch_records]
     cql = float((config.get("training") or {}).get("cql_alpha") or 0.0)
     train_label = f"train loss = TD + {cql:g} × CQL penalty" if cql else "train loss (TD)"
@@ -161,7 +161,7 @@ def build_report_data(
     online = meta.get("online_evaluation") or next(
         (r["online"] for r in reversed(all_records) if isinstance(r.get("online"), dict)), None
     )
-    if online and _finite(online.get("mean_return")):
+    if online and finite(online.get("mean_return")):
         data.online = Online(
             env=str(online.get("env", "env")),
             episodes=int(online.get("episodes", 0)),
@@ -186,10 +186,10 @@ def _logged_return(path: object) -> float | None:
         value = pc.mean(sums.column("reward_sum")).as_py()
     except (OSError, KeyError, ValueError, ArithmeticError):  # pyarrow errors derive from these
         return None
-    return float(value) if _finite(value) else None
+    return float(value) if finite(value) else None
 
 
-def _read_json(path: Path) -> dict[str, Any]:
+def read_json(path: Path) -> dict[str, Any]:
     try:
         value = json.loads(path.read_text())
     except (OSError, ValueError):
@@ -197,5 +197,5 @@ def _read_json(path: Path) -> dict[str, Any]:
     return value if isinstance(value, dict) else {}
 
 
-def _finite(value: Any) -> bool:
+def finite(value: Any) -> bool:
     return isinstance(value, int | float) and math.isfinite(value)

@@ -25,7 +25,17 @@ from pathlib import Path
 from typing import Any
 
 from reagent_lite.io_utils import atomic_write_text
-from reagent_lite.report_data import CpePoint, ReportData, build_report_data
+from reagent_lite.report_data import (
+    CpePoint,
+    ReportData,
+    build_report_data,
+)
+from reagent_lite.report_data import (
+    finite as _finite,
+)
+from reagent_lite.report_data import (
+    read_json as _read_json,
+)
 
 log = logging.getLogger("reagent_lite")
 
@@ -317,15 +327,3 @@ def _fit(line: str) -> str:
 
 def _read_records(path: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-
-
-def _read_json(path: Path) -> dict[str, Any]:
-    try:
-        value = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return {}
-    return value if isinstance(value, dict) else {}
-
-
-def _finite(value: Any) -> bool:
-    return isinstance(value, int | float) and math.isfinite(value)
