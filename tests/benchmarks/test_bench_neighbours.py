@@ -1,5 +1,5 @@
 """`benchmarks.bench_neighbours --quick` runs end to end: every variant beside three
-neighbours and without, the table and its ratios printed, the neighbours gone afterwards
+neighbours (the quiet part is left to full runs), the table and its ratios printed, the neighbours gone afterwards
 (tiny runs: this checks the command, not the speed)."""
 
 from __future__ import annotations
@@ -34,13 +34,13 @@ def test_quick_run_prints_the_table_and_ends_its_neighbours(tmp_path: Path) -> N
         f"plain, {cores} threads passive",
         f"plain, {cores} threads active",
     }
-    assert set(measured["results"]) == {"neighbours", "quiet"}
+    assert set(measured["results"]) == {"neighbours"}  # --quick: the part with neighbours
     for condition, figures in measured["results"].items():
         assert set(figures) == names, condition
         for name, figs in figures.items():
             assert len(figs) == 1 and all(math.isfinite(f) and f > 0 for f in figs), name
     assert "transitions/s (median)" in proc.stdout
-    for condition, goal in (("neighbours", "0.8"), ("quiet", "0.95")):
+    for condition, goal in (("neighbours", "0.8"),):
         row = next(
             line for line in proc.stdout.splitlines()
             if line.startswith(condition) and "ours / better plain" in line
