@@ -16,6 +16,7 @@ from tests.conftest import run_module
 pytest.importorskip("gymnasium")  # the benchmark's data comes from CartPole
 
 
+@pytest.mark.bench_smoke
 @pytest.mark.timeout(1800)  # ten short runs and their start-up, on a possibly busy box
 def test_quick_run_prints_the_table_and_ends_its_neighbours(tmp_path: Path) -> None:
     out = tmp_path / "neighbours.json"

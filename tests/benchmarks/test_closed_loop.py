@@ -152,6 +152,7 @@ QUICK_TIMEOUT_S = 1500
 SERVING = (REPO_ROOT / "reagent_lite/serving/server.py").is_file()
 
 
+@pytest.mark.bench_smoke
 @pytest.mark.skipif(not SERVING, reason="reagent_lite.serving (reagent-lite serve) is absent")
 @pytest.mark.timeout(QUICK_TIMEOUT_S + 60)
 def test_quick_closed_loop_against_a_real_server(tmp_path: Path) -> None:

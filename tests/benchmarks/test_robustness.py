@@ -20,6 +20,7 @@ ROW = re.compile(
 )
 
 
+@pytest.mark.bench_smoke
 @pytest.mark.timeout(1200)  # six workflow runs, each a fresh process, on a busy CPU
 def test_quick_run_prints_one_table_per_mix_and_flags_its_failed_seeds(tmp_path: Path) -> None:
     proc = run_module(
