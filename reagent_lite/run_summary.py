@@ -25,17 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from reagent_lite.io_utils import atomic_write_text
-from reagent_lite.report_data import (
-    CpePoint,
-    ReportData,
-    build_report_data,
-)
-from reagent_lite.report_data import (
-    finite as _finite,
-)
-from reagent_lite.report_data import (
-    read_json as _read_json,
-)
+from reagent_lite.report_data import CpePoint, ReportData, build_report_data, finite, read_json
 
 log = logging.getLogger("reagent_lite")
 
@@ -79,8 +69,8 @@ def summary_lines(run_dir: Path, *, wall_s: float | None = None) -> list[str]:
     `MAX_WIDTH` characters. `wall_s`: the whole run's wall-clock time, when known."""
     records = _read_records(run_dir / "metrics.jsonl")
     epochs = [r for r in records if "loss" in r and "transitions_per_s" in r]
-    meta = _read_json(run_dir / "model_meta.json")
-    config = _read_json(run_dir / "config.json")
+    meta = read_json(run_dir / "model_meta.json")
+    config = read_json(run_dir / "config.json")
     data = build_report_data(run_dir, epochs, records)
     lines = [f"model:     {run_dir / 'model.pt2'}"]
     lines.append(_selected(data, len(epochs)))
@@ -213,7 +203,7 @@ def _trust_lines(at: dict[str, Any] | None, epochs: list[dict[str, Any]]) -> lis
             f"{diag['episodes']:.0f} episodes"
         )
     agree, unlogged = diag.get("logged_action_agreement"), diag.get("unlogged_pick_fraction")
-    if _finite(agree) and _finite(unlogged):
+    if finite(agree) and finite(unlogged):
         lines.append(
             f"coverage:  takes the logged action in {agree:.0%} of eval rows; "
             f"{unlogged:.0%} of its picks never logged"
@@ -252,7 +242,7 @@ def _divergence(epochs: list[dict[str, Any]]) -> str:
     last = epochs[-1] if epochs else {}
     peak, bound = last.get("max_abs_q"), last.get("q_bound")
     if not flagged:
-        if _finite(peak) and _finite(bound):
+        if finite(peak) and finite(bound):
             # The check flags past twice the bound (divergence.py): a little above is not.
             return f"max|Q| {peak:.3g}, under twice the bound {bound:.3g}: not diverging"
         return "not checked"
