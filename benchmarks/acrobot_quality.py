@@ -55,6 +55,24 @@ def variants(base: dict[str, Any]) -> dict[str, dict[str, Any]]:
     }
 
 
+def d3rlpy_algos(cfg: dict[str, Any], common: dict[str, Any]) -> dict[str, Callable[[], Any]]:
+    """d3rlpy's DoubleDQN, DiscreteCQL (alpha = the config's `training.cql_alpha`) and
+    DiscreteBCQ (action_flexibility BCQ_THRESHOLD), each made from the matched settings."""
+    import d3rlpy
+
+    alpha = float(cfg["training"].get("cql_alpha") or 1.0)
+    algos: dict[str, Callable[[], Any]] = {
+        "d3rlpy DoubleDQN": lambda: d3rlpy.algos.DoubleDQNConfig(**common),
+        f"d3rlpy DiscreteCQL(alpha={alpha:g})": lambda: d3rlpy.algos.DiscreteCQLConfig(
+            alpha=alpha, **common
+        ),
+        f"d3rlpy DiscreteBCQ({BCQ_THRESHOLD:g})": lambda: d3rlpy.algos.DiscreteBCQConfig(
+            action_flexibility=BCQ_THRESHOLD, **common
+        ),
+    }
+    return algos
+
+
 def rollout_model(out_dir: Path, episodes: int) -> float:
     from reagent_lite.evaluation.online import rollout_exported_model
     from reagent_lite.kinds import get_kind
@@ -115,23 +133,12 @@ def load_table(path: Path) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarr
 
 
 def d3rlpy_figures(cfg: dict[str, Any], seeds: list[int], episodes: int) -> dict[str, list[float]]:
-    import d3rlpy
-
     from benchmarks.d3rlpy_match import fit_and_score, matched_settings, quiet
 
     quiet()
     arrays = load_table(Path(cfg["training_data_path"]))
     common, steps = matched_settings(cfg, len(arrays[0]))
-    alpha = float(cfg["training"].get("cql_alpha") or 1.0)
-    algos: dict[str, Callable[[], Any]] = {
-        "d3rlpy DoubleDQN": lambda: d3rlpy.algos.DoubleDQNConfig(**common),
-        f"d3rlpy DiscreteCQL(alpha={alpha:g})": lambda: d3rlpy.algos.DiscreteCQLConfig(
-            alpha=alpha, **common
-        ),
-        f"d3rlpy DiscreteBCQ({BCQ_THRESHOLD:g})": lambda: d3rlpy.algos.DiscreteBCQConfig(
-            action_flexibility=BCQ_THRESHOLD, **common
-        ),
-    }
+    algos = d3rlpy_algos(cfg, common)
     return fit_and_score(
         arrays, 3, algos, steps, seeds, lambda algo: rollout_policy(greedy_of(algo), episodes)
     )

@@ -43,7 +43,13 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.acrobot_quality import BCQ_THRESHOLD, greedy_of, load_table, play, variants
+from benchmarks.acrobot_quality import (
+    d3rlpy_algos,
+    greedy_of,
+    load_table,
+    play,
+    variants,
+)
 from benchmarks.cartpole_quality import _env, _seed_config
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -189,23 +195,12 @@ def ours(
 def d3rlpy_contenders(
     base: dict[str, Any], data: Path, seeds: list[int], episodes: int
 ) -> dict[str, Figures]:
-    import d3rlpy
-
     from benchmarks.d3rlpy_match import fit_and_score, matched_settings, quiet
 
     quiet()
     arrays = load_table(data / "train.parquet")
     common, steps = matched_settings(base, len(arrays[0]))
-    alpha = float(base["training"].get("cql_alpha") or 1.0)
-    algos: dict[str, Callable[[], Any]] = {
-        "d3rlpy DoubleDQN": lambda: d3rlpy.algos.DoubleDQNConfig(**common),
-        f"d3rlpy DiscreteCQL(alpha={alpha:g})": lambda: d3rlpy.algos.DiscreteCQLConfig(
-            alpha=alpha, **common
-        ),
-        f"d3rlpy DiscreteBCQ({BCQ_THRESHOLD:g})": lambda: d3rlpy.algos.DiscreteBCQConfig(
-            action_flexibility=BCQ_THRESHOLD, **common
-        ),
-    }
+    algos = d3rlpy_algos(base, common)
     played: list[list[float]] = []
 
     def score(algo: Any) -> float:
