@@ -61,6 +61,14 @@ def get_kind(name: str) -> Kind[Any]:
     return resolve_kind(name).load()
 
 
+def served_kinds() -> list[str]:
+    """The registered kinds whose models can be served (`Kind.log_action` set), in
+    registration order (imports each kind's module)."""
+    from reagent_lite.kinds.registry import specs
+
+    return [spec.name for spec in specs() if spec.load().log_action is not None]
+
+
 _LAZY = {
     "EVAL_ONLY_FIELDS": "reagent_lite.kinds.base",
     "FeatureSpace": "reagent_lite.kinds.base",
@@ -105,6 +113,7 @@ __all__ = [
     "register_kind",
     "registered",
     "resolve_kind",
+    "served_kinds",
     "spec_of_config",
     "unregister_kind",
 ]

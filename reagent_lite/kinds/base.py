@@ -41,6 +41,7 @@ from reagent_lite.data.tensordict import TensorDict
 from reagent_lite.data.windows import load_units, stream_units
 from reagent_lite.distributed.context import DistContext
 from reagent_lite.errors import DataError
+from reagent_lite.kinds.serving import Acting, NotServed
 from reagent_lite.normalization.module import Preprocessor, one_intraop_thread
 from reagent_lite.trainers.common import QLearningTrainer
 
@@ -366,3 +367,13 @@ class Kind(ABC, Generic[C, S]):
             "null_propensity": cfg.null_propensity,
             "rl.use_seq_num_diff_as_time_diff": cfg.rl.use_seq_num_diff_as_time_diff,
         }
+
+    # ---------------------------------------------------------------- acting
+    # The decision log's `action` column (its `possible_actions`: a list of it) for this
+    # kind's served decisions; None: the kind's models are scored (`predict`), not served.
+    log_action: ClassVar[pa.DataType | None] = None
+
+    def acting(self, space: S) -> Acting:
+        """How a served model of this kind acts on requests (`kinds/serving.py`); a
+        `ConfigError` for a kind that is not served (`log_action` None)."""
+        raise NotServed(self.name)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, ClassVar
 
 import numpy as np
@@ -34,6 +34,7 @@ from reagent_lite.data.validate import ShardValidation
 from reagent_lite.data.windows import scan_units
 from reagent_lite.distributed.context import DistContext
 from reagent_lite.kinds.base import Actor, DiscreteSpace, Kind, agree_ids
+from reagent_lite.kinds.serving import Acting, Choice, Offered, RequestError
 from reagent_lite.models import build_q_network
 from reagent_lite.models.bcq import BCQQNetwork
 from reagent_lite.normalization.module import Preprocessor
@@ -49,6 +50,7 @@ class DiscreteKind(Kind[DQNWorkflowConfig, DiscreteSpace]):
         "inputs": ["state_values [B,F]", "state_presence [B,F]"],
         "output": "q [B,A] in the order of 'actions'",
     }
+    log_action: ClassVar[pa.DataType] = pa.string()  # the chosen action's name
 
     # ------------------------------------------------------------------ data
     def schema(self, cfg: DQNWorkflowConfig) -> TableSchema:
@@ -193,6 +195,55 @@ class DiscreteKind(Kind[DQNWorkflowConfig, DiscreteSpace]):
             return env_action[int(q.argmax(dim=1).item())]
 
         return act
+
+    def acting(self, space: DiscreteSpace) -> NamedActing:
+        return NamedActing(self.name, space.actions)
+
+
+class NamedActing(Acting):
+    """Serving a model with one Q column per named action: a request may name a subset
+    (default: all), the response names the chosen action, the log records names."""
+
+    def __init__(self, kind: str, actions: Sequence[str]) -> None:
+        self.kind, self.actions = kind, list(actions)
+        self.column = {name: j for j, name in enumerate(self.actions)}
+
+    def describe(self) -> dict[str, list[str]]:
+        return {"actions": self.actions}
+
+    def choose(self, offered: Offered) -> Choice:
+        if offered is None:
+            names = list(self.actions)
+        elif all(isinstance(a, str) for a in offered):
+            names = [str(a) for a in offered]
+        else:
+            raise RequestError(
+                "possible_actions",
+                f"a {self.kind} model takes action names (some of {self.actions}), not"
+                " feature maps",
+            )
+        columns = []
+        for i, name in enumerate(names):
+            if name not in self.column:
+                raise RequestError(
+                    f"possible_actions[{i}]",
+                    f"unknown action {name!r} (expected one of {self.actions})",
+                )
+            if name in names[:i]:
+                raise RequestError(f"possible_actions[{i}]", f"action {name!r} is listed twice")
+            columns.append(self.column[name])
+        # Ties go to the lowest model column, as `predict`'s best_action.
+        index = np.asarray(columns, np.int64)
+        return Choice(answers=names, rank=index, logged=list(names), inputs=index)
+
+    def q_values(
+        self,
+        program: Callable[..., Tensor],
+        state: tuple[Tensor, Tensor],
+        choices: Sequence[Choice],
+    ) -> list[np.ndarray]:
+        q = program(*state).numpy()
+        return [q[i, c.inputs] for i, c in enumerate(choices)]
 
 
 class DiscreteServingModule(nn.Module):

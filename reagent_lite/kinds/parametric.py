@@ -3,6 +3,7 @@ padded candidate set [B, K, G] with a mask [B, K]."""
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, ClassVar
 
 import numpy as np
@@ -40,6 +41,7 @@ from reagent_lite.data.tensordict import TensorDict
 from reagent_lite.data.windows import scan_units
 from reagent_lite.distributed.context import DistContext
 from reagent_lite.kinds.base import Actor, Kind, ParametricSpace, agree_ids, sample_nan_rows
+from reagent_lite.kinds.serving import Acting, Choice, Offered, RequestError, feature_row
 from reagent_lite.models.parametric import ParametricQNetwork
 from reagent_lite.normalization.module import Preprocessor
 from reagent_lite.trainers.parametric_dqn import ParametricBatch, ParametricDQNTrainer
@@ -76,6 +78,8 @@ class ParametricKind(Kind[ParametricDQNWorkflowConfig, ParametricSpace]):
         ],
         "output": "q [B,K]; -inf where candidate_mask is 0",
     }
+    # The chosen candidate's feature map (its `possible_actions`: the candidates offered).
+    log_action: ClassVar[pa.DataType] = pa.map_(pa.string(), pa.float64())
 
     # ------------------------------------------------------------------ data
     def schema(self, cfg: _Cfg) -> TableSchema:
@@ -256,6 +260,59 @@ class ParametricKind(Kind[ParametricDQNWorkflowConfig, ParametricSpace]):
             return int(q.argmax(dim=1).item())
 
         return act
+
+    def acting(self, space: ParametricSpace) -> CandidateActing:
+        return CandidateActing(self.name, space.action_ids)
+
+
+class CandidateActing(Acting):
+    """Serving a model that scores candidates given as feature maps: a request must offer
+    them, the response names the chosen one by its index, the log records the maps."""
+
+    def __init__(self, kind: str, action_ids: Sequence[str]) -> None:
+        self.kind, self.action_ids = kind, list(action_ids)
+        self.column = {fid: j for j, fid in enumerate(self.action_ids)}
+
+    def describe(self) -> dict[str, list[str]]:
+        return {"action_feature_ids": self.action_ids}
+
+    def choose(self, offered: Offered) -> Choice:
+        if offered is None:
+            raise RequestError(
+                "possible_actions",
+                f"required by a {self.kind} model (expected a list of candidate feature maps"
+                f" with ids among {self.action_ids[:8]})",
+            )
+        maps = [a for a in offered if isinstance(a, Mapping)]
+        if len(maps) != len(offered):
+            raise RequestError(
+                "possible_actions",
+                f"a {self.kind} model takes candidate feature maps (feature id → number), not"
+                " action names",
+            )
+        n = len(maps)
+        return Choice(
+            answers=list(range(n)),
+            rank=np.arange(n),  # ties go to the first candidate
+            logged=[{int(k): v for k, v in m.items()} for m in maps],
+            inputs=np.stack([feature_row(m, self.column) for m in maps]),  # [n, G], NaN: absent
+        )
+
+    def q_values(
+        self,
+        program: Callable[..., Tensor],
+        state: tuple[Tensor, Tensor],
+        choices: Sequence[Choice],
+    ) -> list[np.ndarray]:
+        # The batch's candidate sets padded to the longest, the padding masked out.
+        k = max(len(c.inputs) for c in choices)
+        raw = np.full((len(choices), k, len(self.action_ids)), np.nan, np.float32)
+        mask = np.zeros((len(choices), k), np.float32)
+        for i, c in enumerate(choices):
+            raw[i, : len(c.inputs)] = c.inputs
+            mask[i, : len(c.inputs)] = 1.0
+        q = program(*state, *values_and_presence(raw), torch.from_numpy(mask)).numpy()
+        return [q[i, : len(c.inputs)] for i, c in enumerate(choices)]
 
 
 class ParametricServingModule(nn.Module):

@@ -55,12 +55,12 @@ from reagent_lite.errors import ReagentLiteError
 from reagent_lite.io_utils import describe_os_error, remove_temp_files
 from reagent_lite.serving.log_parts import (
     JOURNAL_DIR,
-    KINDS,
     DecisionRecord,
     Row,
     check_record,
     is_number,
     list_parts,
+    log_kind,
     part_name,
     part_time_us,
     read_decision_ids,
@@ -103,14 +103,12 @@ class DecisionLog:
         part_max_rows: int = 50_000,
         feedback_window_s: float = 600.0,
     ) -> None:
-        if kind not in KINDS:
-            raise ValueError(f"kind is {kind!r}; expected one of {', '.join(KINDS)}")
         if flush_interval_s <= 0 or part_max_rows < 1 or feedback_window_s < 0:
             raise ValueError(
                 f"flush_interval_s={flush_interval_s}, part_max_rows={part_max_rows}, "
                 f"feedback_window_s={feedback_window_s}: expected > 0, >= 1 and >= 0"
             )
-        self.log_dir, self.kind = Path(log_dir), kind
+        self.log_dir, self.kind = Path(log_dir), log_kind(kind)  # ValueError: not served
         self._journal = self.log_dir / JOURNAL_DIR
         self._interval, self._max_rows = flush_interval_s, part_max_rows
         self._window = feedback_window_s

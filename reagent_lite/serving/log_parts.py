@@ -16,7 +16,6 @@ import pyarrow.parquet as pq
 
 from reagent_lite.io_utils import atomic_write_bytes
 
-KINDS = ("dqn", "parametric_dqn")
 JOURNAL_DIR = "_journal"  # the timeline skips names starting with "_"
 # part-20261128T101500.123456Z-000001.parquet: UTC time in µs, then a sequence number.
 _PART = re.compile(r"^part-(\d{8}T\d{6}\.\d{6})Z-(\d{6,})\.parquet$")
@@ -54,18 +53,41 @@ class Row:
 _FMAP = pa.map_(pa.string(), pa.float64())
 
 
-def schema(kind: str) -> pa.Schema:
+@dataclass(frozen=True)
+class LogKind:
+    """A served kind as its decision log sees it: its name (messages) and the type of its
+    `action` column (`Kind.log_action`; `possible_actions` is a list of it)."""
+
+    name: str
+    action: pa.DataType
+
+    def __str__(self) -> str:
+        return self.name
+
+
+def log_kind(kind: str) -> LogKind:
+    """The registered kind `kind` as its decision log sees it; `ValueError` naming the
+    served kinds for another name."""
+    from reagent_lite.kinds import get_kind, served_kinds
+
+    served = served_kinds()
+    action = get_kind(kind).log_action if kind in served else None
+    if action is None:
+        raise ValueError(f"kind is {kind!r}; expected one of {', '.join(served)}")
+    return LogKind(kind, action)
+
+
+def schema(kind: LogKind) -> pa.Schema:
     """Step-log columns the timeline reads (docs/TIMELINE.md "Input"), then the columns it
     carries through: metrics, decision_id, model_id, decision_time, feedback_missing."""
-    parametric = kind == "parametric_dqn"
     return pa.schema(
         [
             ("mdp_id", pa.string()),
             ("sequence_number", pa.int64()),
             ("state_features", _FMAP),
-            ("action", _FMAP if parametric else pa.string()),
+            ("action", kind.action),
             ("reward", pa.float64()),
-            ("possible_actions", pa.list_(_FMAP if parametric else pa.string())),
+            ("possible_actions", pa.list_(kind.action)),
             ("action_probability", pa.float64()),
             ("metrics", _FMAP),
             ("decision_id", pa.string()),
@@ -86,7 +108,7 @@ def is_number(value: object) -> bool:
     return isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value)
 
 
-def check_record(rec: DecisionRecord, kind: str) -> str | None:
+def check_record(rec: DecisionRecord, kind: LogKind) -> str | None:
     """What is wrong with `rec` (naming the field) when the timeline would refuse its row,
     or when it could not be written at all (a value of the wrong type, found here rather
     than by the flusher, where it would hold up every row after it)."""
@@ -109,20 +131,17 @@ def check_record(rec: DecisionRecord, kind: str) -> str | None:
             f"decision {rec.decision_id!r}: action_probability is {p!r}; expected a number "
             "in (0, 1]"
         )
-    if kind == "dqn":
-        if not isinstance(rec.action, str) or not all(
-            isinstance(a, str) for a in rec.possible_actions
-        ):
-            return (
-                f"decision {rec.decision_id!r}: a dqn decision's action and possible_actions "
-                f"are action names (str); got action {rec.action!r}"
-            )
-    elif not isinstance(rec.action, Mapping) or not all(
-        isinstance(a, Mapping) for a in rec.possible_actions
+    # The action column's type says what a decision's actions are: names or feature maps.
+    names = pa.types.is_string(kind.action)
+    want, what = (
+        (str, "action names (str)") if names else (Mapping, "feature maps (dict[int, float])")
+    )
+    if not isinstance(rec.action, want) or not all(
+        isinstance(a, want) for a in rec.possible_actions
     ):
         return (
-            f"decision {rec.decision_id!r}: a parametric_dqn decision's action and "
-            f"possible_actions are feature maps (dict[int, float]); got action {rec.action!r}"
+            f"decision {rec.decision_id!r}: a {kind} decision's action and possible_actions "
+            f"are {what}; got action {rec.action!r}"
         )
     maps: list[tuple[str, FeatureMap]] = [("state_features", rec.state_features)]
     if isinstance(rec.action, Mapping):
@@ -142,7 +161,7 @@ def check_record(rec: DecisionRecord, kind: str) -> str | None:
     return None
 
 
-def table(rows: Sequence[Row], kind: str) -> pa.Table:
+def table(rows: Sequence[Row], kind: LogKind) -> pa.Table:
     """The rows as an Arrow table of `schema(kind)` (journal parts use it too)."""
 
     def action(a: str | FeatureMap) -> str | list[tuple[str, float]]:
@@ -166,7 +185,7 @@ def table(rows: Sequence[Row], kind: str) -> pa.Table:
     return pa.table(columns, schema=schema(kind))
 
 
-def write_part(path: Path, rows: Sequence[Row], kind: str) -> None:
+def write_part(path: Path, rows: Sequence[Row], kind: LogKind) -> None:
     """Writes a part durably: a dot-named temp file (skipped by readers), fsynced, renamed
     to `path`, the directory fsynced. Raises OSError (the temp file removed) on failure."""
     # Encoded in memory, then written by Python: a full disk is then an OSError with its

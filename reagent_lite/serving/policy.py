@@ -20,7 +20,7 @@ import time
 import uuid
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
@@ -29,7 +29,8 @@ import numpy as np
 import torch
 from pydantic import ValidationError
 
-from reagent_lite.errors import ConfigError, DataError
+from reagent_lite.errors import ConfigError
+from reagent_lite.kinds.serving import Choice, RequestError
 from reagent_lite.serving.exploration import Exploration, sample
 from reagent_lite.serving.model_files import LoadedModel, load_model_files
 from reagent_lite.serving.schemas import ActRequest, FeedbackRequest, describe_errors
@@ -42,25 +43,10 @@ if TYPE_CHECKING:
 EPISODES_KEPT = 100_000
 
 
-class RequestError(DataError):
-    """A request the model cannot act on; `field` names the request field at fault."""
-
-    def __init__(self, field: str, message: str) -> None:
-        super().__init__(f"{field}: {message}")
-        self.field = field
-
-    @classmethod
-    def whole(cls, field: str, message: str) -> RequestError:
-        """An error whose `message` names its fields itself."""
-        out = cls(field, "")
-        out.args = (message,)
-        return out
-
-    @classmethod
-    def invalid(cls, err: ValidationError) -> RequestError:
-        """Pydantic's errors, each already naming its field."""
-        loc = err.errors()[0].get("loc", ()) if err.errors() else ()
-        return cls.whole(str(loc[0]) if loc else "request", describe_errors(err))
+def _invalid(err: ValidationError) -> RequestError:
+    """Pydantic's errors as a `RequestError`, each already naming its field."""
+    loc = err.errors()[0].get("loc", ()) if err.errors() else ()
+    return RequestError.whole(str(loc[0]) if loc else "request", describe_errors(err))
 
 
 @dataclass(frozen=True)
@@ -85,10 +71,7 @@ class _Row:
 
     request: ActRequest
     state: np.ndarray  # [F] raw values, NaN = absent
-    names: list[str]  # dqn: the possible action names, in the request's order
-    columns: list[int]  # dqn: their Q columns; parametric: unused
-    candidates: np.ndarray | None = None  # parametric: [k, G], NaN = absent
-    logged_actions: list[Any] = field(default_factory=list)
+    choice: Choice  # its actions, as the model's kind reads and names them
 
 
 class Policy:
@@ -147,7 +130,7 @@ class Policy:
         try:
             request = ActRequest.model_validate(body)
         except ValidationError as err:
-            raise RequestError.invalid(err) from None
+            raise _invalid(err) from None
         (outcome,) = self.act_batch([request])
         if isinstance(outcome, Exception):
             raise outcome
@@ -180,36 +163,20 @@ class Policy:
 
         state = values_and_presence(np.stack([r.state for r in rows]).astype(np.float32))
         with torch.no_grad():
-            if model.kind == "dqn":
-                q = model.program(*state).numpy()
-                out = [q[i, r.columns] for i, r in enumerate(rows)]
-            else:
-                k = max(len(r.candidates) for r in rows if r.candidates is not None)
-                raw = np.full((len(rows), k, len(model.action_ids)), np.nan, np.float32)
-                mask = np.zeros((len(rows), k), np.float32)
-                for i, r in enumerate(rows):
-                    assert r.candidates is not None
-                    raw[i, : len(r.candidates)] = r.candidates
-                    mask[i, : len(r.candidates)] = 1.0
-                actions = values_and_presence(raw)
-                q = model.program(*state, *actions, torch.from_numpy(mask)).numpy()
-                out = [q[i, : len(r.logged_actions)] for i, r in enumerate(rows)]
+            out = model.acting.q_values(model.program, state, [r.choice for r in rows])
         with self._lock:
             self.counts["model_calls"] += 1
         return out
 
     def _decide(self, model: LoadedModel, row: _Row, q: np.ndarray) -> Decision:
-        # Ties go to the lowest model column (dqn; as `predict`'s best_action) or candidate.
-        rank = np.asarray(row.columns) if model.kind == "dqn" else np.arange(len(q))
-        probs = self.exploration.probabilities(q, rank)
+        probs = self.exploration.probabilities(q, row.choice.rank)
         request = row.request
         with self._lock:
             index = sample(probs, float(self._rng.random()))
             mdp_id, seq = self._episode_step(request.mdp_id, request.sequence_number)
-        action: str | int = row.names[index] if model.kind == "dqn" else index
         decision = Decision(
             decision_id=uuid.uuid4().hex,
-            action=action,
+            action=row.choice.answers[index],
             propensity=float(probs[index]),
             probabilities=[float(p) for p in probs],
             model_id=model.model_id,
@@ -250,8 +217,8 @@ class Policy:
             mdp_id=decision.mdp_id,
             sequence_number=decision.sequence_number,
             state_features=state,
-            action=row.logged_actions[index],
-            possible_actions=row.logged_actions,
+            action=row.choice.logged[index],
+            possible_actions=row.choice.logged,
             action_probability=decision.propensity,
             model_id=decision.model_id,
             time_s=time.time(),
@@ -271,7 +238,7 @@ class Policy:
                 metrics=None if metrics is None else dict(metrics),
             )
         except ValidationError as err:
-            raise RequestError.invalid(err) from None
+            raise _invalid(err) from None
         return self._log.feedback(body.decision_id, body.reward, body.metrics)
 
     def reload(self) -> LoadedModel:
@@ -318,8 +285,9 @@ def _str_keys(features: Mapping[Any, Any]) -> dict[Any, Any]:
 
 
 def _prepare(model: LoadedModel, request: ActRequest) -> _Row:
-    """`request` checked against `model` (action names, candidates, known features)."""
-    state = model.row(request.state_features, model.state_index)
+    """`request` checked against `model`: known state features here, its actions by the
+    model's kind (`RequestError` naming the field)."""
+    state = model.state_row(request.state_features)
     if np.isnan(state).all():
         ids = model.state_ids
         raise RequestError(
@@ -327,41 +295,4 @@ def _prepare(model: LoadedModel, request: ActRequest) -> _Row:
             f"holds none of the model's state features (expected some of the ids"
             f" {ids[:8]}{' ...' if len(ids) > 8 else ''})",
         )
-    given = request.possible_actions
-    if model.kind == "dqn":
-        if given is None:
-            names = list(model.actions)
-        elif all(isinstance(a, str) for a in given):
-            names = [str(a) for a in given]
-        else:
-            raise RequestError(
-                "possible_actions",
-                f"a dqn model takes action names (some of {model.actions}), not feature maps",
-            )
-        columns = []
-        for i, name in enumerate(names):
-            if name not in model.action_index:
-                raise RequestError(
-                    f"possible_actions[{i}]",
-                    f"unknown action {name!r} (expected one of {model.actions})",
-                )
-            if name in names[:i]:
-                raise RequestError(f"possible_actions[{i}]", f"action {name!r} is listed twice")
-            columns.append(model.action_index[name])
-        return _Row(request, state, names, columns, logged_actions=list(names))
-    if given is None:
-        raise RequestError(
-            "possible_actions",
-            "required by a parametric_dqn model (expected a list of candidate feature maps"
-            f" with ids among {model.action_ids[:8]})",
-        )
-    if not all(isinstance(a, dict) for a in given):
-        raise RequestError(
-            "possible_actions",
-            "a parametric_dqn model takes candidate feature maps (feature id → number), not"
-            " action names",
-        )
-    maps = [a for a in given if isinstance(a, dict)]
-    cands = np.stack([model.row(m, model.action_index) for m in maps])
-    logged = [{int(k): v for k, v in m.items()} for m in maps]
-    return _Row(request, state, [], [], candidates=cands, logged_actions=logged)
+    return _Row(request, state, model.acting.choose(request.possible_actions))

@@ -3,9 +3,10 @@
 
 State features → choose one of N named actions → reward; no next state, no episodes
 (γ plays no part: every row is terminal). Nothing here edits a product file: the config
-model, the `Kind` (schema, layout, feature space, networks, serving), the trainer's
-maths and the shard builder are all declared below, and the product finds them through
-the registry alone.
+model, the `Kind` (schema, layout, feature space, networks, export, serving), the
+trainer's maths and the shard builder are all declared below, and the product finds them
+through the registry alone: `reagent_lite.train` trains it, `load_model` scores with it and
+`reagent_lite.Policy` serves it, logging its decisions.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import json
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any, ClassVar, Literal, Protocol
 
 import numpy as np
@@ -24,6 +26,7 @@ from pydantic import Field as ConfigField
 from torch import Tensor, nn
 
 import reagent_lite
+from reagent_lite.api import RunResult
 from reagent_lite.config import BaseWorkflowConfig, DQNWorkflowConfig, load_config
 from reagent_lite.config.loader import config_class
 from reagent_lite.data.arrow import column_of, is_str, to_float32
@@ -42,10 +45,13 @@ from reagent_lite.distributed.context import DistContext
 from reagent_lite.errors import ConfigError, DataError
 from reagent_lite.kinds import KindSpec, register_kind, registered
 from reagent_lite.kinds.base import Actor, DiscreteSpace, Kind, agree_ids
-from reagent_lite.kinds.discrete import DiscreteServingModule
+from reagent_lite.kinds.discrete import DiscreteServingModule, NamedActing
+from reagent_lite.kinds.serving import Acting
 from reagent_lite.models import build_q_network
 from reagent_lite.normalization.module import Preprocessor
 from reagent_lite.runner import main as run_workflow
+from reagent_lite.serving.decision_log import DecisionLog
+from reagent_lite.serving.policy import RequestError
 from reagent_lite.trainers.common import DQNHyperParams, QLearningTrainer, QLogged
 
 ACTIONS = ["left", "middle", "right"]
@@ -169,6 +175,7 @@ class BanditKind(Kind[BanditConfig, DiscreteSpace]):
         "inputs": ["state_values [B,F]", "state_presence [B,F]"],
         "output": "expected reward [B,A] in the order of 'actions'",
     }
+    log_action: ClassVar[pa.DataType | None] = pa.string()  # decisions log the arm's name
 
     def schema(self, cfg: BanditConfig) -> TableSchema:
         return BANDIT_SCHEMA
@@ -264,6 +271,19 @@ class BanditKind(Kind[BanditConfig, DiscreteSpace]):
     def greedy_actor(self, program: Any, space: DiscreteSpace, n_env_actions: int) -> Actor:
         return lambda state, presence: int(program(state, presence).argmax(dim=1).item())
 
+    def acting(self, space: DiscreteSpace) -> Acting:
+        # Served as a dqn model is: one expected reward per named arm.
+        return NamedActing(self.name, space.actions)
+
+
+class ScoredOnlyBanditKind(BanditKind):
+    """The bandit without its serving part: its models are scored, not served."""
+
+    log_action = None
+
+    def acting(self, space: DiscreteSpace) -> Acting:
+        return Kind.acting(self, space)
+
 
 # ----------------------------------------------------------------------------- the test
 
@@ -329,15 +349,22 @@ def bandit_config(tmp_path: Any) -> dict[str, Any]:
     }
 
 
-def test_a_registered_third_kind_trains_exports_and_scores(bandit: KindSpec, tmp_path: Any) -> None:
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory: pytest.TempPathFactory) -> RunResult:
+    """One bandit run for the module's tests (registered while it trains)."""
+    tmp = tmp_path_factory.mktemp("bandit")
     train, _ = bandit_table(4000, seed=0)
-    pq.write_table(train, tmp_path / "train.parquet", row_group_size=1000)
+    pq.write_table(train, tmp / "train.parquet", row_group_size=1000)
+    with registered(SPEC):
+        return reagent_lite.train(bandit_config(tmp))
 
-    result = reagent_lite.train(bandit_config(tmp_path))
 
-    assert result.workflow == "bandit"
-    assert result.selected_epoch is not None and len(result.epoch_metrics) == 6
-    model = reagent_lite.load_model(result.model_dir)
+def test_a_registered_third_kind_trains_exports_and_scores(
+    bandit: KindSpec, trained: RunResult
+) -> None:
+    assert trained.workflow == "bandit"
+    assert trained.selected_epoch is not None and len(trained.epoch_metrics) == 6
+    model = reagent_lite.load_model(trained.model_dir)
     assert model.workflow == "bandit" and model.meta["workflow"] == "bandit"
     fresh, best = bandit_table(500, seed=1)
     scored = model.score(fresh)
@@ -347,6 +374,40 @@ def test_a_registered_third_kind_trains_exports_and_scores(bandit: KindSpec, tmp
     rewards = np.stack(scored.column("expected_rewards").to_numpy(zero_copy_only=False))
     assert rewards.shape == (500, 3)
     assert np.abs(rewards.max(axis=1) - 1.0).mean() < 0.25  # the best arm's reward is ~1
+
+
+def test_a_registered_third_kind_is_served_and_its_decisions_logged(
+    bandit: KindSpec, trained: RunResult, tmp_path: Path
+) -> None:
+    contexts = {"left": -1.2, "middle": 0.0, "right": 1.2}  # x0 of each arm's context
+    with reagent_lite.Policy(trained.model_dir, log_dir=tmp_path / "log", seed=0) as policy:
+        assert policy.model.describe()["actions"] == ACTIONS
+        for arm, x0 in contexts.items():
+            decision = policy.act({"0": x0, "1": 0.3}, mdp_id=arm)
+            assert decision.action == arm and decision.propensity == 1.0  # greedy
+            assert policy.feedback(decision.decision_id, reward=1.0)
+        # Offered two arms, it picks the better of them (by name), as a dqn policy does.
+        assert policy.act({"0": 0.0}, possible_actions=["right", "middle"]).action == "middle"
+        with pytest.raises(RequestError, match=r"possible_actions\[0\]: unknown action 'up'"):
+            policy.act({"0": 0.0}, possible_actions=["up"])
+    rows = sorted(pq.read_table(tmp_path / "log").to_pylist(), key=lambda r: r["sequence_number"])
+    logged = {r["mdp_id"]: r for r in rows if not r["feedback_missing"]}
+    assert {m: (r["action"], r["reward"]) for m, r in logged.items()} == {
+        arm: (arm, 1.0) for arm in contexts
+    }
+    assert logged["left"]["possible_actions"] == ACTIONS
+
+
+def test_a_kind_without_a_serving_part_is_refused_by_serving_by_name(
+    trained: RunResult, tmp_path: Path
+) -> None:
+    with registered(dataclasses.replace(SPEC, kind=ScoredOnlyBanditKind)):
+        assert reagent_lite.load_model(trained.model_dir).workflow == "bandit"  # still scored
+        with pytest.raises(ConfigError, match=r"holds a bandit model; serving takes dqn or "
+                           r"parametric_dqn models"):  # fmt: skip
+            reagent_lite.Policy(trained.model_dir)
+        with pytest.raises(ValueError, match="kind is 'bandit'; expected one of dqn, parametric"):
+            DecisionLog(tmp_path, "bandit")
 
 
 def test_the_registry_finds_the_kind_of_a_config_by_its_keys(bandit: KindSpec) -> None:
