@@ -35,6 +35,7 @@ from reagent_lite.data.disk_stream import DiskShardStream
 from reagent_lite.data.ingest import Layout, ingest
 from reagent_lite.data.prepared import PreparedUnits, prepared_root
 from reagent_lite.data.readers import ShardPiece
+from reagent_lite.data.rows import Rows
 from reagent_lite.data.schema import Field, TableSchema
 from reagent_lite.data.shard_builder import IngestedShard
 from reagent_lite.data.tensordict import TensorDict
@@ -247,10 +248,10 @@ class Kind(ABC, Generic[C, S]):
         """The trainer of `q_net` (possibly a DDP wrapper around `unwrapped`)."""
 
     @abstractmethod
-    def q_all(self, net: nn.Module, batch: Any, *, next_state: bool) -> Tensor:
+    def q_all(self, net: nn.Module, batch: Rows, *, next_state: bool) -> Tensor:
         """Q of every candidate [B, K] of the (next) state."""
 
-    def candidate_mask(self, batch: Any, *, next_state: bool) -> Tensor:
+    def candidate_mask(self, batch: Rows, *, next_state: bool) -> Tensor:
         """[B, K]: 1 where a candidate of the (next) state is possible (both kinds keep it
         in the same two columns)."""
         mask: Tensor = (
@@ -259,7 +260,7 @@ class Kind(ABC, Generic[C, S]):
         return mask
 
     @abstractmethod
-    def logged_index(self, batch: Any) -> Tensor:
+    def logged_index(self, batch: Rows) -> Tensor:
         """[B] int64: the logged action's index among the candidates (−1: not among them)."""
 
     # ---------------------------------------------------------------- serving

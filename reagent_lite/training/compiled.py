@@ -50,6 +50,7 @@ import torch
 from torch import Tensor, nn
 
 from reagent_lite.config.models import Precision, StepVariants
+from reagent_lite.data.rows import Rows
 from reagent_lite.evaluation.cpe_models import CpeModelTrainer
 from reagent_lite.models import candidate_layer
 from reagent_lite.models.traced import ForwardOptions, traced_variant
@@ -106,14 +107,6 @@ def traced_view(trainer: _T, options: ForwardOptions, memo: dict[int, nn.Module]
 def describe_forms(options: ForwardOptions, net: nn.Module) -> str:
     """The forms `options` take in `net`, for the step's log line."""
     return ", ".join(options.names(net)) or "plain forward"
-
-
-class Rows:
-    """A micro-batch's gathered columns as attributes (what the trainers read)."""
-
-    def __init__(self, fields: dict[str, Tensor]) -> None:
-        for name, value in fields.items():
-            setattr(self, name, value)
 
 
 class _CompileOnce:

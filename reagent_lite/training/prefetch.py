@@ -29,36 +29,34 @@ import itertools
 import logging
 import queue
 import threading
-from collections.abc import Callable, Generator, Iterable, Iterator, Mapping
-from typing import Any
+from collections.abc import Callable, Generator, Iterable, Iterator
 
 import torch
 from torch import Tensor
 
+from reagent_lite.data.rows import Rows
+
 log = logging.getLogger("reagent_lite")
 
-# (columns, rows): what the prefetcher yields and what `ready` takes.
-Chunk = tuple[dict[str, Tensor], int]
-# Prepares one chunk's host columns: written into the given buffers (pinned slices of the
+# Prepares one chunk's host rows: written into the given buffers (pinned slices of the
 # chunk's size) or, given None (nothing to copy), in whatever host memory suits.
-Fill = Callable[[Mapping[str, Tensor] | None], dict[str, Tensor]]
+Fill = Callable[[Rows | None], Rows]
+# A chunk on its way to the training thread, with the event its copy recorded (CUDA).
+Staged = tuple[Rows, "torch.cuda.Event | None"]
 # How long closing a stream waits for a worker busy preparing a chunk (reading a window).
 _JOIN_S = 60.0
-_END = object()
 
 
-def _gather(
-    columns: Mapping[str, Tensor], idx: Tensor, out: Mapping[str, Tensor] | None
-) -> dict[str, Tensor]:
+def _gather(columns: Rows, idx: Tensor, out: Rows | None) -> Rows:
     if out is None:
-        return {k: v.index_select(0, idx) for k, v in columns.items()}
-    return {k: torch.index_select(v, 0, idx, out=out[k]) for k, v in columns.items()}
+        return columns.index(idx)
+    return Rows({k: torch.index_select(v, 0, idx, out=out[k]) for k, v in columns.items()})
 
 
-def _place(columns: dict[str, Tensor], out: Mapping[str, Tensor] | None) -> dict[str, Tensor]:
+def _place(columns: Rows, out: Rows | None) -> Rows:
     if out is None:
         return columns
-    return {k: out[k].copy_(v) for k, v in columns.items()}
+    return Rows({k: out[k].copy_(v) for k, v in columns.items()})
 
 
 class ChunkPrefetcher:
@@ -69,7 +67,7 @@ class ChunkPrefetcher:
 
     def __init__(
         self,
-        template: Mapping[str, Tensor],
+        template: Rows,
         device: torch.device,
         chunk_rows: int,
         *,
@@ -80,7 +78,7 @@ class ChunkPrefetcher:
         self.cuda = device.type == "cuda"
         self.ahead = (1 if self.cuda else 0) if ahead is None else ahead
         self._template = {k: (v.shape[1:], v.dtype) for k, v in template.items()}
-        self._pinned: list[dict[str, Tensor]] = []
+        self._pinned: list[Rows] = []
         self._copied: list[torch.cuda.Event | None] = [None, None]
         if self.cuda:
             self._side = torch.cuda.Stream(device)
@@ -91,17 +89,17 @@ class ChunkPrefetcher:
         if not self.cuda:
             return
         self._pinned = [
-            {
-                k: torch.empty((self.chunk_rows, *shape), dtype=dtype, pin_memory=True)
-                for k, (shape, dtype) in self._template.items()
-            }
+            Rows(
+                {
+                    k: torch.empty((self.chunk_rows, *shape), dtype=dtype, pin_memory=True)
+                    for k, (shape, dtype) in self._template.items()
+                }
+            )
             for _ in range(2)
         ]
         self._copied = [None, None]
 
-    def gathered(
-        self, columns: Mapping[str, Tensor], orders: Iterable[Tensor]
-    ) -> Generator[Chunk, None, None]:
+    def gathered(self, columns: Rows, orders: Iterable[Tensor]) -> Generator[Rows, None, None]:
         """Rows `order` (host indices) of the host `columns`, `chunk_rows` at a time, for
         each order of `orders` in turn (a chunk never spans two); `orders` is advanced by
         the worker."""
@@ -113,17 +111,18 @@ class ChunkPrefetcher:
 
         return self._stream(pieces())
 
-    def ready(self, chunks: Iterator[Chunk]) -> Generator[Chunk, None, None]:
+    def ready(self, chunks: Iterator[Rows]) -> Generator[Rows, None, None]:
         """The host `chunks`, in order, a chunk longer than `chunk_rows` cut into views of
         at most that many rows (whole steps, when both sizes are whole steps). `chunks` is
         advanced, and closed, by the worker."""
 
         def pieces() -> Generator[tuple[int, Fill], None, None]:
             try:
-                for columns, rows in chunks:
+                for columns in chunks:
+                    rows = len(columns)
                     for start in range(0, rows, self.chunk_rows):
                         n = min(self.chunk_rows, rows - start)
-                        part = {k: v[start : start + n] for k, v in columns.items()}
+                        part = columns.slice(start, start + n)
                         yield n, functools.partial(_place, part)
                         del part
                     del columns  # not held while the source prepares the next chunk
@@ -134,32 +133,33 @@ class ChunkPrefetcher:
 
         return self._stream(pieces())
 
-    def _stage(self, n: int, rows: int, fill: Fill) -> tuple[dict[str, Tensor], int, Any]:
+    def _stage(self, n: int, rows: int, fill: Fill) -> Staged:
         """Chunk `n` of a stream on its way to the device, with the event its copy records."""
         if not self.cuda:
-            return fill(None), rows, None
+            return fill(None), None
         # A new thread starts on GPU 0: without this, a rank on another GPU would create a
         # context there (and wait on events) from the worker.
         with torch.cuda.device(self.device):
             return self._stage_cuda(n, rows, fill)
 
-    def _stage_cuda(self, n: int, rows: int, fill: Fill) -> tuple[dict[str, Tensor], int, Any]:
+    def _stage_cuda(self, n: int, rows: int, fill: Fill) -> Staged:
         slot = n % 2
         done = self._copied[slot]
         if done is not None:
             done.synchronize()  # the pinned buffer's last copy has landed
-        host = fill({k: b[:rows] for k, b in self._pinned[slot].items()})
+        host = fill(self._pinned[slot].slice(0, rows))
         with torch.cuda.stream(self._side):
-            dev = {k: t.to(self.device, non_blocking=True) for k, t in host.items()}
+            dev = host.to(self.device, non_blocking=True)
             event = torch.cuda.Event()
             event.record(self._side)
         self._copied[slot] = event
-        return dev, rows, event
+        return dev, event
 
     def _stream(
         self, pieces: Generator[tuple[int, Fill], None, None]
-    ) -> Generator[Chunk, None, None]:
-        staged: queue.SimpleQueue[Any] = queue.SimpleQueue()
+    ) -> Generator[Rows, None, None]:
+        # None: the stream's end; an exception: raised again here.
+        staged: queue.SimpleQueue[Staged | BaseException | None] = queue.SimpleQueue()
         stop = threading.Event()
         # One permit per chunk that may be alive: the caller's and those prepared ahead.
         room = threading.Semaphore(self.ahead + 1)
@@ -174,7 +174,7 @@ class ChunkPrefetcher:
                     if stop.is_set():  # closed while the source was being read
                         return
                     if piece is None:
-                        staged.put(_END)
+                        staged.put(None)
                         return
                     staged.put(self._stage(n, *piece))
                     del piece  # its host rows are staged: don't hold them while preparing more
@@ -188,11 +188,11 @@ class ChunkPrefetcher:
         try:
             while True:
                 item = staged.get()
-                if item is _END:
+                if item is None:
                     return
                 if isinstance(item, BaseException):
                     raise item
-                columns, rows, event = item
+                columns, event = item
                 del item
                 if event is not None:
                     current = torch.cuda.current_stream(self.device)
@@ -201,7 +201,7 @@ class ChunkPrefetcher:
                         # Allocated on the side stream, read on this one: keep the allocator
                         # from reusing the memory before this stream is done with it.
                         t.record_stream(current)
-                yield columns, rows
+                yield columns
                 del columns  # the caller asks for the next chunk: it is done with this one
                 room.release()
         finally:

@@ -34,87 +34,34 @@ depend on the epoch alone.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Generator, Iterator, Mapping
+from collections.abc import Generator, Iterator
 
 import torch
 from torch import Tensor
 
 from reagent_lite.data.disk_stream import DiskShardStream
+from reagent_lite.data.rows import LazyBatch as LazyBatch
+from reagent_lite.data.rows import RowPack, Rows
 from reagent_lite.data.sampler import EpochSampler
-from reagent_lite.data.tensordict import RowPack, TensorDict
 from reagent_lite.kinds.base import EVAL_ONLY_FIELDS
-from reagent_lite.training.prefetch import Chunk, ChunkPrefetcher
+from reagent_lite.training.prefetch import ChunkPrefetcher
 
 
-class LazyBatch:
-    """Rows `idx` of `source`, gathered on first access of each field.
-
-    Trainers read a handful of fields (`batch.state`, `batch.reward`, ...); gathering
-    only those saves the bandwidth of the rest. `idx` is an index tensor or a slice (a
-    streamed chunk is already in step order, so its batches are views). With `pack` (the
-    shard's `RowPack`), the first packed field read gathers the rows of all of them at
-    once and each is a view of those rows."""
-
-    __slots__ = ("_cache", "_idx", "_pack", "_rows", "_source")
-
-    def __init__(
-        self, source: Mapping[str, Tensor], idx: Tensor | slice, pack: RowPack | None = None
-    ):
-        object.__setattr__(self, "_source", source)
-        object.__setattr__(self, "_idx", idx)
-        object.__setattr__(self, "_cache", {})
-        object.__setattr__(self, "_pack", pack)
-        object.__setattr__(self, "_rows", None)
-
-    def __getattr__(self, name: str) -> Tensor:
-        cache: dict[str, Tensor] = object.__getattribute__(self, "_cache")
-        found = cache.get(name)
-        if found is None:
-            source = object.__getattribute__(self, "_source")
-            if name not in source:
-                raise AttributeError(name)
-            idx = object.__getattribute__(self, "_idx")
-            pack: RowPack | None = object.__getattribute__(self, "_pack")
-            if pack is not None and name in pack.columns and not isinstance(idx, slice):
-                rows = object.__getattribute__(self, "_rows")
-                if rows is None:
-                    rows = pack.matrix.index_select(0, idx)
-                    object.__setattr__(self, "_rows", rows)
-                found = pack.view(rows, name)
-            else:
-                column = source[name]
-                found = column[idx] if isinstance(idx, slice) else column.index_select(0, idx)
-            cache[name] = found
-        return found
-
-    def __getitem__(self, name: str) -> Tensor:
-        return self.__getattr__(name)
-
-    def parts(self) -> tuple[dict[str, Tensor], Tensor | None]:
-        """(columns, row index) for code that gathers the rows itself (a compiled loss):
-        with a slice, the columns are already the batch's rows (views) and the index None."""
-        source: Mapping[str, Tensor] = object.__getattribute__(self, "_source")
-        idx = object.__getattribute__(self, "_idx")
-        if isinstance(idx, slice):
-            return {k: v[idx] for k, v in source.items()}, None
-        return dict(source), idx
-
-    def __contains__(self, name: object) -> bool:
-        return name in object.__getattribute__(self, "_source")
-
-
-def training_columns(data: TensorDict) -> dict[str, Tensor]:
+def training_columns(data: Rows) -> Rows:
     """The shard's columns that training steps may read (no copies)."""
-    return {k: v for k, v in data.items() if k not in EVAL_ONLY_FIELDS}
+    return data.without(EVAL_ONLY_FIELDS)
 
 
-class StaticRows:
-    """What a captured step reads: `columns` at fixed device addresses and, for each step,
-    the row `order[pos]` of a device index table, `pos` a device counter that the step
-    advances itself — so every replay of one graph reads the next step's rows."""
+class StaticRows(Rows):
+    """What a captured step reads: columns at fixed device addresses (this `Rows`) and,
+    for each step, the row `order[pos]` of a device index table, `pos` a device counter
+    that the step advances itself — so every replay of one graph reads the next step's
+    rows, as `LazyBatch` views of these columns."""
 
-    def __init__(self, columns: dict[str, Tensor], order: Tensor, minibatches: int):
-        self.columns = columns
+    __slots__ = ("minibatches", "order", "pos")
+
+    def __init__(self, columns: Rows, order: Tensor, minibatches: int):
+        super().__init__(dict(columns.items()))
         self.order = order  # [steps, rows per step]
         self.minibatches = minibatches
         self.pos = torch.zeros(1, dtype=torch.int64, device=order.device)
@@ -126,7 +73,11 @@ class StaticRows:
         """The step's micro-batches, found by device operations only."""
         rows = self.order.index_select(0, self.pos).view(self.minibatches, -1)
         self.pos.add_(1)
-        return [LazyBatch(self.columns, rows[j]) for j in range(self.minibatches)]
+        return [LazyBatch(self, rows[j]) for j in range(self.minibatches)]
+
+
+# A streamed source between chunks: no rows held.
+_NO_ROWS = Rows({})
 
 
 class BatchSource(ABC):
@@ -172,7 +123,7 @@ class ResidentRows(BatchSource):
 
     def __init__(
         self,
-        columns: dict[str, Tensor],
+        columns: Rows,
         pack: RowPack | None,
         sampler: EpochSampler,
         steps_per_epoch: int,
@@ -225,7 +176,7 @@ class StreamedRows(BatchSource):
 
     def __init__(
         self,
-        template: dict[str, Tensor],
+        template: Rows,
         device: torch.device,
         chunk_rows: int,
         minibatches: int,
@@ -238,8 +189,8 @@ class StreamedRows(BatchSource):
         self.chunk_rows = chunk_rows
         self.epochs = epochs  # the stream ends after epoch `epochs - 1` (None: never)
         self.prefetcher = ChunkPrefetcher(template, device, chunk_rows)
-        self._chunks: Generator[Chunk, None, None] | None = None
-        self._chunk: dict[str, Tensor] = {}
+        self._chunks: Generator[Rows, None, None] | None = None
+        self._chunk = _NO_ROWS
         self._steps_left = 0  # in the current chunk
         self._start = 0  # its next step's first row
         self._epoch = -1  # the epoch being trained
@@ -251,7 +202,7 @@ class StreamedRows(BatchSource):
         """The rows an epoch's chunks hold (whole steps)."""
 
     @abstractmethod
-    def _stream(self, epochs: Iterator[int]) -> Generator[Chunk, None, None]:
+    def _stream(self, epochs: Iterator[int]) -> Generator[Rows, None, None]:
         """The chunks of `epochs`, one after the other, from the prefetcher."""
 
     def _epochs_from(self, first: int) -> Iterator[int]:
@@ -268,12 +219,12 @@ class StreamedRows(BatchSource):
             self._steps_left = 0
         self._epoch, self._epoch_rows_left = epoch, self.rows_per_epoch
 
-    def _next_chunk(self) -> Chunk:
+    def _next_chunk(self) -> Rows:
         assert self._chunks is not None
-        self._chunk = {}  # done with it: the prefetcher may stage the chunk after the next
-        chunk, rows = next(self._chunks)
-        self._steps_left, self._start = rows // self.step_rows, 0
-        return chunk, rows
+        self._chunk = _NO_ROWS  # done with it: the prefetcher may stage the chunk after the next
+        chunk = next(self._chunks)
+        self._steps_left, self._start = len(chunk) // self.step_rows, 0
+        return chunk
 
     def _take_step(self) -> int:
         self._steps_left -= 1
@@ -283,7 +234,7 @@ class StreamedRows(BatchSource):
 
     def batches(self) -> list[LazyBatch]:
         if self._steps_left == 0:
-            self._chunk = self._next_chunk()[0]
+            self._chunk = self._next_chunk()
         start, b = self._take_step(), self.batch
         return [
             LazyBatch(self._chunk, slice(start + j * b, start + (j + 1) * b))
@@ -293,23 +244,26 @@ class StreamedRows(BatchSource):
     def stage(self) -> None:
         if self._steps_left == 0:
             assert self.static_rows is not None
-            chunk, rows = self._next_chunk()
+            chunk = self._next_chunk()
+            rows = len(chunk)
             for k, t in chunk.items():
-                self.static_rows.columns[k][:rows].copy_(t)
+                self.static_rows[k][:rows].copy_(t)
             self.static_rows.rewind()
         self._take_step()
 
     def static(self) -> StaticRows:
-        columns = {
-            k: torch.zeros((self.chunk_rows, *v.shape[1:]), dtype=v.dtype, device=self.device)
-            for k, v in self.template.items()
-        }
+        columns = Rows(
+            {
+                k: torch.zeros((self.chunk_rows, *v.shape[1:]), dtype=v.dtype, device=self.device)
+                for k, v in self.template.items()
+            }
+        )
         order = torch.arange(self.chunk_rows, device=self.device).view(-1, self.step_rows)
         self.static_rows = StaticRows(columns, order, self.minibatches)
         return self.static_rows
 
     def close(self) -> None:
-        chunks, self._chunks, self._chunk = self._chunks, None, {}
+        chunks, self._chunks, self._chunk = self._chunks, None, _NO_ROWS
         self._steps_left = 0
         if chunks is not None:
             chunks.close()  # joins the prefetcher's worker
@@ -328,7 +282,7 @@ class HostStreamed(StreamedRows):
 
     def __init__(
         self,
-        columns: dict[str, Tensor],
+        columns: Rows,
         sampler: EpochSampler,
         device: torch.device,
         chunk_rows: int,
@@ -348,7 +302,7 @@ class HostStreamed(StreamedRows):
         self.sampler.set_epoch(epoch)
         super().begin_epoch(epoch)
 
-    def _stream(self, epochs: Iterator[int]) -> Generator[Chunk, None, None]:
+    def _stream(self, epochs: Iterator[int]) -> Generator[Rows, None, None]:
         # The epoch's row order is drawn in the worker thread, as late as it is needed.
         orders = (self.sampler.epoch_indices(e).cpu() for e in epochs)
         return self.prefetcher.gathered(self.columns, orders)
@@ -364,7 +318,7 @@ class DiskStreamed(StreamedRows):
     def __init__(
         self,
         disk: DiskShardStream,
-        template: dict[str, Tensor],
+        template: Rows,
         device: torch.device,
         chunk_rows: int,
         minibatches: int,
@@ -385,11 +339,18 @@ class DiskStreamed(StreamedRows):
     def rows_per_epoch(self) -> int:
         return self.disk.rows_per_epoch
 
-    def _stream(self, epochs: Iterator[int]) -> Generator[Chunk, None, None]:
-        def chunks() -> Generator[Chunk, None, None]:
+    def _stream(self, epochs: Iterator[int]) -> Generator[Rows, None, None]:
+        def chunks() -> Generator[Rows, None, None]:
             for epoch in epochs:
-                # Closing this generator closes the epoch's: its pending window load stops.
-                yield from self.disk.epoch_chunks(epoch)
+                pieces = self.disk.epoch_chunks(epoch)  # (columns, rows) pairs
+                try:
+                    for columns, _ in pieces:
+                        yield Rows(columns)
+                        del columns  # not held while the disk prepares the next chunk
+                finally:
+                    # Closing this generator closes the epoch's: its pending window load stops.
+                    if isinstance(pieces, Generator):
+                        pieces.close()
 
         return self.prefetcher.ready(chunks())
 

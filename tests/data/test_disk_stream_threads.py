@@ -21,6 +21,7 @@ import pytest
 _SCRIPT = """
 import os, sys, threading
 import numpy as np, pyarrow as pa, pyarrow.parquet as pq, torch
+from reagent_lite.data.rows import Rows
 from reagent_lite.data.disk_stream import DiskShardStream
 from reagent_lite.data.windows import stream_units
 from reagent_lite.training.prefetch import ChunkPrefetcher
@@ -50,16 +51,16 @@ def new_threads():
 stream = DiskShardStream(stream_units(path, 0, 1), load, window_rows=60_000, seed=1, rank=0)
 stream.serial_threads = sys.argv[2] == "serial"
 stream.configure(step_rows=512, steps_per_epoch=n // 512)
-chunks = ChunkPrefetcher({"x": torch.zeros(1, cols), "y": torch.zeros(1)},
+chunks = ChunkPrefetcher(Rows({"x": torch.zeros(1, cols), "y": torch.zeros(1)}),
                          torch.device("cpu"), 16_384)
 
 def epochs():
     for epoch in range(2):
-        yield from stream.epoch_chunks(epoch)
+        yield from (Rows(columns) for columns, _ in stream.epoch_chunks(epoch))
 
 rows, seen = 0, []
-for columns, k in chunks.ready(epochs()):
-    rows += k
+for columns in chunks.ready(epochs()):
+    rows += len(columns)
     seen.append(len(new_threads()))  # the prefetch worker and the disk thread are alive
 stream.close()
 assert rows == 2 * (n // 512) * 512, rows

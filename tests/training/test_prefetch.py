@@ -13,16 +13,17 @@ import pytest
 import torch
 from torch import Tensor
 
+from reagent_lite.data.rows import Rows
 from reagent_lite.errors import DataError
 from reagent_lite.training import prefetch
-from reagent_lite.training.prefetch import Chunk, ChunkPrefetcher
+from reagent_lite.training.prefetch import ChunkPrefetcher
 
 CPU = torch.device("cpu")
 
 
-def _columns(n: int, start: int = 0) -> dict[str, Tensor]:
+def _columns(n: int, start: int = 0) -> Rows:
     rows = torch.arange(start, start + n)
-    return {"reward": rows.float(), "state": torch.stack([rows, -rows], 1).float()}
+    return Rows({"reward": rows.float(), "state": torch.stack([rows, -rows], 1).float()})
 
 
 def _workers() -> list[threading.Thread]:
@@ -41,7 +42,7 @@ class Source:
         # Per chunk after the first: was the previous one still referenced when it was made?
         self.previous_alive: list[bool] = []
 
-    def __iter__(self) -> Iterator[Chunk]:
+    def __iter__(self) -> Iterator[Rows]:
         start = 0
         last: weakref.ref[Tensor] | None = None
         try:
@@ -53,7 +54,7 @@ class Source:
                 self.taken += 1
                 columns = _columns(n, start)
                 last = weakref.ref(columns["state"])
-                yield columns, n
+                yield columns
                 del columns
                 start += n
         finally:
@@ -64,8 +65,9 @@ class Source:
 def test_ready_chunks_in_order_cut_to_chunk_rows(ahead: int) -> None:
     source = Source([96, 32, 160])
     chunks = list(ChunkPrefetcher(_columns(1), CPU, 64, ahead=ahead).ready(iter(source)))
-    assert [rows for _, rows in chunks] == [64, 32, 32, 64, 64, 32]
-    got = torch.cat([c["state"] for c, _ in chunks])
+    assert all(type(c) is Rows for c in chunks)  # the one row container, not a tuple
+    assert [len(c) for c in chunks] == [64, 32, 32, 64, 64, 32]
+    got = torch.cat([c["state"] for c in chunks])
     torch.testing.assert_close(got, _columns(288)["state"])
     assert source.closed and not _workers()
 
@@ -86,8 +88,8 @@ def test_a_chunk_is_let_go_before_the_next_is_read() -> None:
     stream = ChunkPrefetcher(_columns(1), CPU, 8).ready(iter(source))
     sizes = []
     for _ in range(7):
-        chunk, rows = next(stream)
-        sizes.append(rows)
+        chunk = next(stream)
+        sizes.append(len(chunk))
         del chunk  # as the step runner does before it asks for the next
     assert sizes == [8] * 7
     stream.close()
@@ -110,8 +112,8 @@ def test_one_chunk_ahead_is_prepared_while_the_caller_works() -> None:
 def test_source_error_is_raised_in_the_caller_unchanged() -> None:
     source = Source([8] * 4, fail_after=2)
     stream = ChunkPrefetcher(_columns(1), CPU, 8, ahead=1).ready(iter(source))
-    assert next(stream)[1] == 8
-    assert next(stream)[1] == 8
+    assert len(next(stream)) == 8
+    assert len(next(stream)) == 8
     with pytest.raises(DataError) as err:
         next(stream)
     assert err.value is source.error  # same type, same message, same object
@@ -136,10 +138,10 @@ def test_closing_waits_a_bounded_time_for_a_busy_worker(
     monkeypatch.setattr(prefetch, "_JOIN_S", 0.2)
     release = threading.Event()
 
-    def slow() -> Iterator[Chunk]:
-        yield _columns(8), 8
+    def slow() -> Iterator[Rows]:
+        yield _columns(8)
         release.wait(30)  # a window read that takes long
-        yield _columns(8), 8
+        yield _columns(8)
 
     stream = ChunkPrefetcher(_columns(1), CPU, 8, ahead=1).ready(slow())
     next(stream)
@@ -162,17 +164,17 @@ def test_a_worker_left_behind_stages_nothing_after_the_close(
     staged: list[float] = []
     place = prefetch._place
 
-    def recording(columns: dict[str, Tensor], out: object) -> dict[str, Tensor]:
+    def recording(columns: Rows, out: object) -> Rows:
         staged.append(float(columns["reward"][0]))
         return place(columns, out)  # type: ignore[arg-type]
 
     monkeypatch.setattr(prefetch, "_place", recording)
     release = threading.Event()
 
-    def slow() -> Iterator[Chunk]:
-        yield _columns(8), 8
+    def slow() -> Iterator[Rows]:
+        yield _columns(8)
         release.wait(30)
-        yield _columns(8, start=1000), 8  # the straggler's chunk
+        yield _columns(8, start=1000)  # the straggler's chunk
 
     prefetcher = ChunkPrefetcher(_columns(1), CPU, 8, ahead=1)
     old = prefetcher.ready(slow())
@@ -195,8 +197,8 @@ def test_cuda_chunks_match_the_host_rows() -> None:
     # Ready chunks of varying length (pinned buffers sliced), more chunks than buffers.
     source = Source([96, 32, 160, 12])
     seen = []
-    for chunk, rows in pf.ready(iter(source)):
-        assert chunk["state"].device.type == "cuda" and chunk["state"].shape[0] == rows
+    for chunk in pf.ready(iter(source)):
+        assert chunk["state"].device.type == "cuda" and chunk["state"].shape[0] == len(chunk)
         torch.cuda._sleep(1_000_000)  # a slow consumer: staging must still not clobber
         seen.append(chunk)  # kept alive past the pinned buffer's reuse
     got = torch.cat([c["state"] for c in seen]).cpu()
@@ -205,7 +207,7 @@ def test_cuda_chunks_match_the_host_rows() -> None:
     # Gathers straight into the pinned buffers: rows in `order`.
     order = torch.randperm(300)
     chunks = list(pf.gathered(host, [order]))
-    assert [rows for _, rows in chunks] == [64, 64, 64, 64, 44]
-    got = torch.cat([c["reward"] for c, _ in chunks]).cpu()
+    assert [len(c) for c in chunks] == [64, 64, 64, 64, 44]
+    got = torch.cat([c["reward"] for c in chunks]).cpu()
     torch.testing.assert_close(got, host["reward"][order])
     assert not _workers()

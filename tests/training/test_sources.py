@@ -6,18 +6,24 @@ epoch, what the eager step reads (`batches()`)."""
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
+from pathlib import Path
 
 import torch
 from torch import Tensor
 
 from reagent_lite.config.models import StepPlanParameters, StepVariants
+from reagent_lite.data.disk_stream import DiskShardStream
+from reagent_lite.data.readers import ShardPiece
+from reagent_lite.data.rows import Rows
 from reagent_lite.data.sampler import EpochSampler
-from reagent_lite.data.tensordict import TensorDict
+from reagent_lite.data.windows import stream_units
 from reagent_lite.distributed.context import DistContext
 from reagent_lite.training.host_memory import HostMemory
 from reagent_lite.training.prefetch import ChunkPrefetcher
 from reagent_lite.training.sources import (
     BatchSource,
+    DiskStreamed,
     HostStreamed,
     LazyBatch,
     ResidentRows,
@@ -25,14 +31,16 @@ from reagent_lite.training.sources import (
 )
 from reagent_lite.training.steps import DEFAULT_CHUNK_ROWS, build_step_runner
 from reagent_lite.training.update import Update
+from tests.data.test_disk_stream import load_window
+from tests.data.test_ingest import rows, write
 
 CPU = torch.device("cpu")
 ROWS, BATCH, MPS = 50, 4, 2
 
 
-def _data() -> TensorDict:
+def _data() -> Rows:
     g = torch.Generator().manual_seed(0)
-    return TensorDict(
+    return Rows(
         {
             "state": torch.randn(ROWS, 3, generator=g),
             "reward": torch.arange(ROWS).float(),
@@ -70,7 +78,7 @@ def test_resident_static_rows_are_the_eager_rows_every_epoch() -> None:
     data, steps = _data().packed(), 9  # 9 steps of 8 rows: the 50 rows wrap around
     eager = ResidentRows(training_columns(data), data.pack, _sampler(steps), steps, MPS, BATCH)
     graph = ResidentRows(training_columns(data), None, _sampler(steps), steps, MPS, BATCH)
-    assert "mdp_id" not in graph.static().columns  # evaluation-only columns are not read
+    assert "mdp_id" not in graph.static()  # evaluation-only columns are not read
     for epoch in range(3):
         eager.begin_epoch(epoch)
         graph.begin_epoch(epoch)  # refreshes the static index table, rewinds its counter
@@ -96,7 +104,7 @@ def test_host_streamed_static_chunks_are_the_eager_rows() -> None:
                 source.begin_epoch(epoch)
             if epoch == 0:
                 static = graph.static()
-                assert all(v.shape[0] == chunk for v in static.columns.values())
+                assert len(static) == chunk and all(v.shape[0] == chunk for v in static.values())
             for _ in range(steps):
                 graph.stage()
                 want = eager.batches()
@@ -114,7 +122,7 @@ def test_runner_steps_eagerly_on_the_cpu_and_says_where_rows_are() -> None:
     data, steps = _data().packed(), 5
     net = torch.nn.Linear(3, 2)
     trainer = DQNTrainer(net, DQNHyperParams(minibatches_per_step=MPS), n_actions=2)
-    data = TensorDict(
+    data = Rows(
         {
             **dict(data.items()),
             "next_state": data.state.flip(0),
@@ -212,3 +220,39 @@ def test_an_epoch_left_early_or_out_of_turn_starts_a_fresh_stream() -> None:
             assert torch.equal(got, want), epoch
     finally:
         source.close()
+
+
+def test_every_source_hands_out_rows_of_one_container(tmp_path: Path) -> None:
+    """Resident, host-streamed, disk-streamed: each step's micro-batches and a graph's
+    static buffers are `Rows` (the one container), read as the trainers read them."""
+    data, steps, chunk = _data(), 3, 2 * MPS * BATCH
+    columns = training_columns(data)
+    assert isinstance(columns, Rows) and "mdp_id" not in columns
+    stream = _disk_stream(write(tmp_path / "t.parquet", rows(60), 16), MPS * BATCH, steps)
+    disk_template = Rows({"reward": torch.zeros(1)})
+    sources: list[BatchSource] = [
+        ResidentRows(columns, data.pack, _sampler(steps), steps, MPS, BATCH),
+        HostStreamed(columns, _sampler(steps), CPU, chunk, MPS, BATCH, epochs=1),
+        DiskStreamed(stream, disk_template, CPU, chunk, MPS, BATCH, epochs=1),
+    ]
+    try:
+        for source in sources:
+            source.begin_epoch(0)
+            for _ in range(steps):
+                batches = source.batches()
+                assert len(batches) == MPS and all(isinstance(b, Rows) for b in batches)
+                assert all(len(b) == BATCH == b.reward.shape[0] for b in batches)
+            assert isinstance(source.static(), Rows)
+    finally:
+        for source in sources:
+            source.close()
+        stream.close()
+
+
+def _disk_stream(path: Path, step_rows: int, steps: int) -> DiskShardStream:
+    def load(units: Sequence[ShardPiece]) -> dict[str, Tensor]:
+        return {"reward": torch.from_numpy(load_window(units).fields["reward"])}
+
+    stream = DiskShardStream(stream_units(str(path), 0, 1), load, window_rows=32, seed=0, rank=0)
+    stream.configure(step_rows=step_rows, steps_per_epoch=steps)
+    return stream
