@@ -12,6 +12,7 @@ same code serves discrete actions and parametric candidates. No I/O, no ranks.
 from __future__ import annotations
 
 import copy
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -24,7 +25,13 @@ from reagent_lite.data.tensordict import TensorDict
 from reagent_lite.discount import transition_discount
 from reagent_lite.evaluation.diagnostics import CpeNotices
 from reagent_lite.trainers.common import unwrap
-from reagent_lite.trainers.optim import BackwardSeed, SoftUpdate, adam, load_optimizer_state
+from reagent_lite.trainers.optim import (
+    BackwardSeed,
+    OptimizerKernel,
+    SoftUpdate,
+    adam,
+    load_optimizer_state,
+)
 
 _NEG = -1e9
 
@@ -122,6 +129,7 @@ class CpeModelTrainer:
         target_update_rate: float,
         learning_rate: float,
         use_time_diff: bool,
+        optimizer_kernel: OptimizerKernel | None = None,
     ):
         self.kind = kind
         self.nets = nets  # possibly DDP-wrapped CpeNets
@@ -134,7 +142,11 @@ class CpeModelTrainer:
         self.policy = policy
         self.tau = target_update_rate
         self.use_time_diff = use_time_diff
-        self.optimizer = adam(nets.parameters(), learning_rate)
+        # The step plan's kernel (default: the eager one); the learning rate never changes
+        # here, so it stays a number even where the Q-trainer's is a device tensor.
+        kernel = optimizer_kernel or OptimizerKernel.eager(next(plain.parameters()).device)
+        kernel = dataclasses.replace(kernel, tensor_lr=False)
+        self.optimizer = adam(nets.parameters(), learning_rate, kernel=kernel)
         self._params = list(nets.parameters())
         self._seed = BackwardSeed()
 

@@ -29,6 +29,7 @@ from reagent_lite.trainers.masked import masked_argmax as masked_argmax
 from reagent_lite.trainers.masked import masked_logsumexp as masked_logsumexp
 from reagent_lite.trainers.masked import masked_max as masked_max
 from reagent_lite.trainers.optim import BackwardSeed as BackwardSeed
+from reagent_lite.trainers.optim import OptimizerKernel as OptimizerKernel
 from reagent_lite.trainers.optim import SoftUpdate as SoftUpdate
 from reagent_lite.trainers.optim import adam as adam
 from reagent_lite.trainers.optim import load_optimizer_state as load_optimizer_state
@@ -135,12 +136,19 @@ class DQNLoss:
         }
 
 
-def build_optimizer(params: Iterable[nn.Parameter], hp: DQNHyperParams) -> torch.optim.Optimizer:
-    """The configured optimizer with `l2_decay` as weight decay."""
+def build_optimizer(
+    params: Iterable[nn.Parameter],
+    hp: DQNHyperParams,
+    kernel: OptimizerKernel | None = None,
+    *,
+    lr_scale: float = 1.0,
+) -> torch.optim.Optimizer:
+    """The configured optimizer with `l2_decay` as weight decay, Adam(W) built with `kernel`
+    (the step plan's; default: the eager kernel), the learning rate × `lr_scale`."""
     plist = list(params)
-    lr, wd = hp.learning_rate, hp.l2_decay
+    lr, wd = hp.learning_rate * lr_scale, hp.l2_decay
     if hp.optimizer in ("adam", "adamw"):
-        return adam(plist, lr, weight_decay=wd, decoupled=hp.optimizer == "adamw")
+        return adam(plist, lr, weight_decay=wd, decoupled=hp.optimizer == "adamw", kernel=kernel)
     if hp.optimizer == "sgd":
         return torch.optim.SGD(plist, lr=lr, weight_decay=wd)
     return torch.optim.RMSprop(plist, lr=lr, weight_decay=wd)
@@ -151,6 +159,10 @@ def td_loss(q: torch.Tensor, target: torch.Tensor, kind: str) -> torch.Tensor:
     if kind == "huber":
         return F.smooth_l1_loss(q, target, beta=1.0)
     return F.mse_loss(q, target)
+
+
+def _device_of(module: nn.Module) -> torch.device:
+    return next((p.device for p in module.parameters()), torch.device("cpu"))
 
 
 def unwrap(module: nn.Module) -> nn.Module:
@@ -205,11 +217,40 @@ class QLearningTrainer(Generic[BatchT]):
         self.target = copy.deepcopy(self.online)
         self.target.requires_grad_(False)
         self.target.eval()
-        self.optimizer = build_optimizer(self.online.parameters(), hparams)
-        self.scheduler = torch.optim.lr_scheduler.ExponentialLR(self.optimizer, hparams.lr_decay)
         self._soft_update = SoftUpdate(self.target, self.online)
-        self._optimized = [p for g in self.optimizer.param_groups for p in g["params"]]
+        # Taken once: walking the module tree every step costs on a CPU (`SoftUpdate`).
+        self._params = list(self.online.parameters())
+        self._optim: tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LRScheduler] | None
+        self._optim = None
         self._seed = BackwardSeed()
+
+    # -- the optimizer, built once as the step plan needs -----------------------------------
+    def parameters(self) -> list[nn.Parameter]:
+        """The parameters the optimizer steps: the online network's."""
+        return self._params
+
+    def build_optimizer(self, kernel: OptimizerKernel, *, lr_scale: float = 1.0) -> None:
+        """Builds the optimizer with the step plan's `kernel` (and its per-epoch lr decay),
+        the learning rate × `lr_scale` (`training.scale_lr_with_world_size`). Once, before
+        the first step or state load: an optimizer is never rebuilt or patched later."""
+        if self._optim is not None:
+            raise RuntimeError("the trainer's optimizer is built already")
+        opt = build_optimizer(self.parameters(), self.hp, kernel, lr_scale=lr_scale)
+        self._optim = opt, torch.optim.lr_scheduler.ExponentialLR(opt, self.hp.lr_decay)
+
+    def _built(self) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LRScheduler]:
+        if self._optim is None:  # no plan asked (tests, tools): the eager kernel
+            self.build_optimizer(OptimizerKernel.eager(_device_of(self.online)))
+        assert self._optim is not None
+        return self._optim
+
+    @property
+    def optimizer(self) -> torch.optim.Optimizer:
+        return self._built()[0]
+
+    @property
+    def scheduler(self) -> torch.optim.lr_scheduler.LRScheduler:
+        return self._built()[1]
 
     def modules(self) -> list[nn.Module]:
         """The modules a step changes (parameters and buffers): online and target."""
@@ -302,7 +343,7 @@ class QLearningTrainer(Generic[BatchT]):
         # Through the DDP wrapper its hooks divide: a scale as well would divide twice.
         assert loss_scale == 1.0 or grad_sync is not None, "loss_scale without grad_sync"
         net = self.q_net if grad_sync is None else self.online
-        for p in self._optimized:  # = optimizer.zero_grad(set_to_none=True), minus its wrapper
+        for p in self._params:  # = optimizer.zero_grad(set_to_none=True), minus its wrapper
             p.grad = None
         records = []
         no_sync = getattr(net, "no_sync", None)
@@ -339,7 +380,13 @@ class QLearningTrainer(Generic[BatchT]):
             "q_net": self.online.state_dict(),
             "target": self.target.state_dict(),
             "optimizer": self.optimizer.state_dict(),
-            "scheduler": self.scheduler.state_dict(),
+            # Numbers, not the device tensors a graph's lr makes of them: a portable file.
+            "scheduler": {
+                k: [float(x) if isinstance(x, torch.Tensor) else x for x in v]
+                if isinstance(v, list)
+                else v
+                for k, v in self.scheduler.state_dict().items()
+            },
         }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:

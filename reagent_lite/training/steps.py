@@ -31,13 +31,14 @@ from reagent_lite.data.tensordict import TensorDict
 from reagent_lite.distributed.context import DistContext
 from reagent_lite.evaluation.cpe_models import CpeModelTrainer
 from reagent_lite.trainers.common import QLearningTrainer
+from reagent_lite.trainers.optim import OptimizerKernel
 from reagent_lite.training.compiled import (
     CompiledApply,
     CompiledCpeLoss,
     CompiledLoss,
     forward_options,
 )
-from reagent_lite.training.graphs import GraphStep, graph_blocker
+from reagent_lite.training.graphs import GraphStep
 from reagent_lite.training.host_memory import HostMemory
 from reagent_lite.training.sources import (
     BatchSource,
@@ -47,7 +48,7 @@ from reagent_lite.training.sources import (
     StreamedRows,
     training_columns,
 )
-from reagent_lite.training.step_plan import StepPlan, plan_text
+from reagent_lite.training.step_plan import StepPlan, StepShape, plan_text, step_shape
 from reagent_lite.training.update import Update
 
 log = logging.getLogger("reagent_lite")
@@ -68,8 +69,10 @@ class StepRunner:
         graph: GraphStep | None,
         why_eager: str,
         plan: StepPlan,
+        kernel: OptimizerKernel,
     ) -> None:
         self.source = source
+        self.kernel = kernel
         self.update = update
         self.step_plan = plan
         self.loss_sum = update.loss_sum
@@ -96,6 +99,8 @@ class StepRunner:
             mode = self.graph.describe()
         else:
             mode = "eager" + (f" ({self.why_eager})" if self.why_eager else "")
+            if self.kernel.capturable:  # built for a graph that was not captured
+                mode += f", optimizer as built for the graph ({self.kernel.describe()})"
         return (
             f"training step: {mode}, {self.update.describe()}; data {self.source.describe()}; "
             + plan_text(self.plan())
@@ -178,6 +183,7 @@ def build_step_runner(
     host_memory: HostMemory,
     disk: DiskShardStream | None = None,
     epochs: int | None = None,
+    shape: StepShape | None = None,
 ) -> StepRunner:
     """The runner of a run's settings. `data`: the shard (with `disk`, the stream of
     `stream_from_disk`, only its normalized sample: a column template); `resident`:
@@ -187,7 +193,10 @@ def build_step_runner(
     `training.precision`, `training.compile`, `training.step_variants`,
     `training.step_plan` (the deprecated switches mapped on: `step_plan.asked`), the forms
     the compiled losses trace being decided here, once; `host_memory`: what setup did to
-    malloc (`host_memory.keep_freed_memory`), for the plan's record."""
+    malloc (`host_memory.keep_freed_memory`), for the plan's record; `shape`: what the step
+    is built for (`step_plan.step_shape`), decided by the caller before the trainers'
+    optimizers were built (by default here, for trainers whose optimizer is the eager
+    one: tests and tools)."""
     device = ctx.device
     columns = training_columns(data)
     mps, batch = minibatches_per_step, minibatch_size
@@ -201,13 +210,20 @@ def build_step_runner(
     else:
         source = ResidentRows(columns, data.pack, sampler, steps_per_epoch, mps, batch)
     options = forward_options(step_variants, device, precision)
-    # Captured or not is decided first, so that the step is built for it, not patched after.
-    wants_graph = cuda_graphs and device.type == "cuda"
-    why_eager = graph_blocker(trainer, cpe, ctx) if wants_graph else ""
-    captured = wants_graph and not why_eager
+    if shape is None:
+        shape = step_shape(
+            device,
+            cuda_graphs=cuda_graphs,
+            compile=compiled,
+            world_size=ctx.world_size,
+            backend=ctx.backend,
+            optimizer=trainer.hp.optimizer,
+            data_parallel=isinstance(trainer.q_net, torch.nn.DataParallel),
+        )
+    why_eager, captured = shape.why_eager, shape.graph
     # The optimizer steps are compiled only under a graph: compiled.py says why.
     apply = cpe_apply = None
-    if captured and compiled:
+    if shape.compiled_update:
         apply = CompiledApply(trainer.optimizer, trainer.apply_update, "optimizer step")
         if cpe is not None:
             cpe_apply = CompiledApply(cpe.optimizer, cpe.apply_update, "CPE models' optimizer step")
@@ -233,7 +249,7 @@ def build_step_runner(
         options=options,
         host_memory=host_memory,
     )
-    return StepRunner(source, update, graph, why_eager, plan)
+    return StepRunner(source, update, graph, why_eager, plan, shape.kernel)
 
 
 def plan_steps(
