@@ -1,8 +1,8 @@
 """The training step as one CUDA graph: `GraphStep`, a wrapper around the plain step.
 
-`GraphStep(step, source, ctx, peer_sum)` takes the plain step (`update.Update`: the trainer's
-optimizer step and the CPE side models' step, called on a list of micro-batches) and a
-batch source. `capture()` runs a few eager steps on a side stream so that lazily created
+`GraphStep(step, source, ctx)` takes the step the factory built (`update.build_update`: the
+Q-network's optimizer step and the CPE side models' step, called on a list of
+micro-batches) and a batch source; it only captures that function. `capture()` runs a few eager steps on a side stream so that lazily created
 state (Adam moments, cuBLAS workspaces) exists, captures one step reading the source's
 static buffers (`BatchSource.static()`), then undoes the warm-up (`WarmupSnapshot`). From
 then on a step is the source's `stage()` and one `replay()`: index lookup, gathers,
@@ -11,8 +11,8 @@ a few hundred. When capture is impossible (`step_plan.graph_blocker`) or fails, 
 eager and says why.
 
 Several processes (DDP over NCCL): DDP's reducer works on the host and cannot live in a
-graph, so the captured step is the plain step told to average the gradients itself — the
-trainers forward through their plain modules, and between backward and the optimizer step
+graph, so the step plan has the factory build the captured step averaging the gradients
+itself (`StepShape.average_in_graph`) — the models forward through their plain modules, and between backward and the optimizer step
 one flat buffer per optimizer is all-reduced inside the graph
 (`DistContext.gradient_average`: one peer-to-peer kernel on one host, else NCCL). The DDP wrapper stays for what it did at construction
 (rank 0's parameters broadcast, so replicas start identical) and for the eager fallback,
@@ -48,7 +48,6 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from reagent_lite.config.models import Switch
 from reagent_lite.distributed.context import DistContext, is_collective_error
 from reagent_lite.errors import TrainingError
 from reagent_lite.training.sources import BatchSource, StaticRows
@@ -65,16 +64,15 @@ _HEARTBEAT_STEPS = 64
 
 
 class GraphStep:
-    """The plain `step` captured as one CUDA graph reading `source`'s static buffers;
-    `peer_sum`: `training.step_plan.p2p_allreduce`, for several ranks."""
+    """The factory's `step` (`update.build_update`) captured as one CUDA graph reading
+    `source`'s static buffers; over several ranks, a step that averages its gradients."""
 
-    def __init__(
-        self, step: Update, source: BatchSource, ctx: DistContext, peer_sum: Switch
-    ) -> None:
+    def __init__(self, step: Update, source: BatchSource, ctx: DistContext) -> None:
         self.ctx = ctx
         self.ranks = ctx.world_size
-        # Over several ranks the graph averages the gradients itself (module notes).
-        self.step = step.averaging_gradients(ctx, peer_sum) if self.ranks > 1 else step
+        # Over several ranks, built to average the gradients itself (module notes).
+        assert self.ranks == 1 or step.q_sync is not None, "a step DDP's hooks reduce"
+        self.step = step
         self.source = source
         self.graph: torch.cuda.CUDAGraph | None = None
         self._static: StaticRows | None = None

@@ -1,12 +1,12 @@
 """The training step as `Workflow.train` runs it: a batch source, the plain step, and
 optionally the CUDA graph that replays it.
 
-* `Update` is the plain step: the trainer's optimizer step over a step's micro-batches
-  and the CPE side models' step over the first, the loss summed into a device scalar (no
-  host synchronisation).
+* `Update` is the step the factory (`update.build_update`) composes: the Q-network's
+  optimizer step over a step's micro-batches and the CPE side models' over the first,
+  the loss summed into a device scalar (no host synchronisation).
 * A batch source (`sources.py`) hands out the micro-batches: resident rows gathered by
   index on the device, chunks streamed from host memory, or windows streamed from disk.
-* `StepRunner.step()` is the plain step called on the source's next batches (eager) or,
+* `StepRunner.step()` is the step called on the source's next batches (eager) or,
   on CUDA with `cuda_graphs: true`, one replay of the step captured by `graphs.GraphStep`;
   if capture is impossible or fails the runner says why and stays eager.
 
@@ -32,12 +32,7 @@ from reagent_lite.distributed.context import DistContext
 from reagent_lite.evaluation.cpe_models import CpeModelTrainer
 from reagent_lite.trainers.common import QLearningTrainer
 from reagent_lite.trainers.optim import OptimizerKernel
-from reagent_lite.training.compiled import (
-    CompiledApply,
-    CompiledCpeLoss,
-    CompiledLoss,
-    forward_options,
-)
+from reagent_lite.training.compiled import forward_options
 from reagent_lite.training.graphs import GraphStep
 from reagent_lite.training.host_memory import HostMemory
 from reagent_lite.training.sources import (
@@ -49,7 +44,7 @@ from reagent_lite.training.sources import (
     training_columns,
 )
 from reagent_lite.training.step_plan import StepPlan, StepShape, plan_text, step_shape
-from reagent_lite.training.update import Update
+from reagent_lite.training.update import Averaging, StepKernels, Update, build_update
 
 log = logging.getLogger("reagent_lite")
 
@@ -221,23 +216,25 @@ def build_step_runner(
             data_parallel=isinstance(trainer.q_net, torch.nn.DataParallel),
         )
     why_eager, captured = shape.why_eager, shape.graph
-    # The optimizer steps are compiled only under a graph: compiled.py says why.
-    apply = cpe_apply = None
-    if shape.compiled_update:
-        apply = CompiledApply(trainer.optimizer, trainer.apply_update, "optimizer step")
-        if cpe is not None:
-            cpe_apply = CompiledApply(cpe.optimizer, cpe.apply_update, "CPE models' optimizer step")
-    update = Update(
-        trainer,
-        cpe,
-        torch.zeros((), device=device),
-        precision=precision,
-        loss=CompiledLoss(trainer, options) if compiled else None,
-        cpe_loss=CompiledCpeLoss(cpe, options) if compiled and cpe is not None else None,
-        apply=apply,
-        cpe_apply=cpe_apply,
+    # The compiled parts once, shared by the eager step and the captured one.
+    kernels = StepKernels.build(
+        trainer, cpe, compile=compiled, compiled_update=shape.compiled_update, options=options
     )
-    graph = GraphStep(update, source, ctx, step_plan.p2p_allreduce) if captured else None
+    loss_sum = torch.zeros((), device=device)
+    update = build_update(trainer, cpe, loss_sum, precision=precision, kernels=kernels)
+    graph = None
+    if captured:
+        # Over several ranks the captured step averages its gradients itself; the eager
+        # step (and the fallback, should capture fail) leaves that to DDP's hooks.
+        averaging = Averaging(ctx, step_plan.p2p_allreduce) if shape.average_in_graph else None
+        graph_update = (
+            build_update(
+                trainer, cpe, loss_sum, precision=precision, kernels=kernels, averaging=averaging
+            )
+            if averaging is not None
+            else update
+        )
+        graph = GraphStep(graph_update, source, ctx)
     plan = StepPlan(
         device=device,
         world_size=ctx.world_size,

@@ -33,7 +33,7 @@ from reagent_lite.training.compiled import (
 )
 from reagent_lite.training.sources import LazyBatch
 from tests.config.conftest import minimal_dqn
-from tests.trainers.helpers import random_discrete_batch, random_parametric_batch
+from tests.trainers.helpers import random_discrete_batch, random_parametric_batch, train_step
 
 # What the step plan builds Adam as for a compiled update (on CUDA capturable too).
 MULTI_TENSOR = OptimizerKernel(foreach=True)
@@ -58,7 +58,7 @@ def _kernel(trainer: DQNTrainer) -> tuple[bool, bool]:
 def _train(trainer: DQNTrainer, apply: CompiledApply | None, steps: int = 6) -> None:
     torch.manual_seed(1)
     for _ in range(steps):
-        trainer.train_step([random_discrete_batch(32, 4, 3)], apply=apply)
+        train_step(trainer, [random_discrete_batch(32, 4, 3)], apply=apply)
 
 
 def _weights(trainer: DQNTrainer) -> list[torch.Tensor]:
@@ -112,7 +112,7 @@ def _agree_worker(rank: int, init: str, out: str) -> None:
     from reagent_lite.distributed.context import DistContext
     from reagent_lite.training.graphs import GraphStep
     from reagent_lite.training.sources import ResidentRows
-    from reagent_lite.training.update import Update
+    from reagent_lite.training.update import Averaging, StepKernels, build_update
 
     dist.init_process_group("gloo", init_method=init, rank=rank, world_size=2)
     try:
@@ -124,11 +124,18 @@ def _agree_worker(rank: int, init: str, out: str) -> None:
         apply = CompiledApply(trainer.optimizer, trainer.apply_update, "optimizer step")
         if rank == 1:  # this rank's compilation "failed"
             apply.give_up("compile failed: simulated")
-        update = Update(trainer, None, torch.zeros(()), precision="fp32", apply=apply)
+        update = build_update(
+            trainer,
+            None,
+            torch.zeros(()),
+            precision="fp32",
+            kernels=StepKernels(apply=apply),
+            averaging=Averaging(ctx, "auto"),
+        )
         source = ResidentRows(
             {"state": torch.zeros(8, 4)}, None, EpochSampler(8, 4, 2, seed=0), 1, 2, 4
         )
-        GraphStep(update, source, ctx, "auto")._agree_on_compiled_updates()
+        GraphStep(update, source, ctx)._agree_on_compiled_updates()
         torch.save((apply.failed, _kernel(trainer)), f"{out}/rank{rank}.pt")
         dist.barrier()
     finally:
