@@ -69,3 +69,24 @@ def test_the_reduction_is_a_plan_input_of_the_factory(tmp_path: Path) -> None:
     assert (
         averaged.q_step.reduce is averaged.q_sync and averaged.cpe_step.reduce is averaged.cpe_sync
     )
+
+
+def test_a_step_left_eager_says_its_optimizer_is_as_built_for_the_graph(tmp_path: Path) -> None:
+    """Capture failed (a CUDA-only event, stood in for here): the step runs eagerly with
+    the optimizer the plan built for the graph, and the `training step:` line says so;
+    an eager plan's line does not."""
+    from reagent_lite.trainers.optim import OptimizerKernel
+    from reagent_lite.training.steps import StepRunner
+
+    wf = tiny_cpe_workflow(tmp_path, "dqn", "run")
+    runner = wf.step_runner()
+    assert "optimizer as built" not in runner.describe()
+    graph_kernel = OptimizerKernel(fused=True, capturable=True, tensor_lr=True)
+    failed = StepRunner(
+        runner.source, runner.update, None, "CUDA graph capture failed: X", runner.step_plan,
+        graph_kernel,
+    )  # fmt: skip
+    assert failed.describe().startswith(
+        "training step: eager (CUDA graph capture failed: X), optimizer as built for the "
+        "graph (fused Adam, capturable, lr on the device), fp32"
+    )
