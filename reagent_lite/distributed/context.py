@@ -148,7 +148,7 @@ class GradAverage:
     size, then sum): flattened into one buffer, one all-reduce, and the gradients become
     views of the result (copied back instead where a parameter is not contiguous or the
     dtypes differ). Called between backward and the optimizer step
-    (`QLearningTrainer.train_step(..., grad_sync=)`).
+    (`trainers.gradient_step.GradientStep`, built by `training.update`).
 
     On one host the sum is one kernel over peer links (`peer_sum.PeerSum`) where every rank
     can use it, else NCCL's all-reduce; the first call (an eager step, before any capture)

@@ -12,7 +12,7 @@ same code serves discrete actions and parametric candidates. No I/O, no ranks.
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable
+import dataclasses
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -24,7 +24,12 @@ from reagent_lite.data.tensordict import TensorDict
 from reagent_lite.discount import transition_discount
 from reagent_lite.evaluation.diagnostics import CpeNotices
 from reagent_lite.trainers.common import unwrap
-from reagent_lite.trainers.optim import BackwardSeed, SoftUpdate, adam, load_optimizer_state
+from reagent_lite.trainers.optim import (
+    OptimizerKernel,
+    SoftUpdate,
+    adam,
+    load_optimizer_state,
+)
 
 _NEG = -1e9
 
@@ -106,11 +111,11 @@ class CpeNets(nn.Module):
 
 
 class CpeModelTrainer:
-    """One optimizer step of both CPE models per training step of the Q-network.
+    """The maths of both CPE models, one optimizer step of them per training step of the
+    Q-network (the step itself is `training.update.cpe_step`'s: the Q-network's code path).
 
-    `nets` may be a DDP wrapper around the `CpeNets` (`plain`): `train_step` forwards
-    through it unless told to average the gradients itself (`grad_sync`), as
-    `QLearningTrainer.train_step` does."""
+    `nets` may be a DDP wrapper around the `CpeNets` (`plain`): the step forwards through
+    it unless it averages the gradients itself."""
 
     def __init__(
         self,
@@ -122,6 +127,7 @@ class CpeModelTrainer:
         target_update_rate: float,
         learning_rate: float,
         use_time_diff: bool,
+        optimizer_kernel: OptimizerKernel | None = None,
     ):
         self.kind = kind
         self.nets = nets  # possibly DDP-wrapped CpeNets
@@ -134,13 +140,20 @@ class CpeModelTrainer:
         self.policy = policy
         self.tau = target_update_rate
         self.use_time_diff = use_time_diff
-        self.optimizer = adam(nets.parameters(), learning_rate)
+        # The step plan's kernel (default: the eager one); the learning rate never changes
+        # here, so it stays a number even where the Q-trainer's is a device tensor.
+        kernel = optimizer_kernel or OptimizerKernel.eager(next(plain.parameters()).device)
+        kernel = dataclasses.replace(kernel, tensor_lr=False)
+        self.optimizer = adam(nets.parameters(), learning_rate, kernel=kernel)
         self._params = list(nets.parameters())
-        self._seed = BackwardSeed()
 
     def modules(self) -> list[nn.Module]:
         """The modules a step changes (parameters and buffers)."""
         return [self.plain, self.target_value]
+
+    def parameters(self) -> list[nn.Parameter]:
+        """The parameters the optimizer steps: both models'."""
+        return self._params
 
     def compute_loss(self, batch: Any, q_net: nn.Module, nets: nn.Module) -> Tensor:
         """Both models' loss on `batch` (fields read as attributes), forwarding through
@@ -165,33 +178,6 @@ class CpeModelTrainer:
         value_err = F.smooth_l1_loss(gather_logged(q_hat, idx), target, reduction="none")
         value_err = torch.where(valid > 0, value_err, 0.0)
         return ((reward_err**2).sum() + value_err.sum()) / denom
-
-    def train_step(
-        self,
-        batch: Any,
-        q_net: nn.Module,
-        grad_sync: Callable[[], None] | None = None,
-        loss: Callable[[Any, nn.Module, nn.Module], Tensor] | None = None,
-        apply: Callable[[], None] | None = None,
-        loss_scale: float = 1.0,
-    ) -> Tensor:
-        """One step of both models on `batch` (a `TensorDict` or the step runner's
-        `LazyBatch`). With `grad_sync`, the forward goes through `plain` and `grad_sync()`
-        averages the gradients between backward and step; `loss` replaces `compute_loss`
-        (`training.compiled.CompiledCpeLoss`) and `apply()` replaces `apply_update`
-        (`training.compiled.CompiledApply`); `loss_scale` multiplies the gradients, as in
-        `QLearningTrainer.train_step`."""
-        # Through the DDP wrapper its hooks divide: a scale as well would divide twice.
-        assert loss_scale == 1.0 or grad_sync is not None, "loss_scale without grad_sync"
-        for p in self._params:  # = optimizer.zero_grad(set_to_none=True), minus its wrapper
-            p.grad = None
-        nets = self.nets if grad_sync is None else self.plain
-        value = (loss or self.compute_loss)(batch, q_net, nets)
-        value.backward(self._seed(value, loss_scale))
-        if grad_sync is not None:
-            grad_sync()
-        (self.apply_update if apply is None else apply)()
-        return value.detach()
 
     def apply_update(self) -> None:
         """The optimizer step on the gradients in place, then the target value net's soft

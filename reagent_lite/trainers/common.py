@@ -1,5 +1,6 @@
 """What the DQN and parametric DQN trainers share: hyper-parameters, optimizer, TD loss,
-soft target update, the Bellman target and the accumulate → clip → step → update loop.
+soft target update and the Bellman target. The step that runs them (accumulate → reduce
+→ clip → optimizer step → soft update) is `training/update.py`'s, for every model.
 
 A trainer subclass only says how to get Q of the logged action (plus the candidate set
 CQL pushes down) and the value of the next state; everything else lives here. No I/O and
@@ -8,9 +9,8 @@ no ranks: the loop reduces the returned tensors across processes if it wants to.
 
 from __future__ import annotations
 
-import contextlib
 import copy
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Generic, Protocol, TypeVar
 
@@ -29,6 +29,7 @@ from reagent_lite.trainers.masked import masked_argmax as masked_argmax
 from reagent_lite.trainers.masked import masked_logsumexp as masked_logsumexp
 from reagent_lite.trainers.masked import masked_max as masked_max
 from reagent_lite.trainers.optim import BackwardSeed as BackwardSeed
+from reagent_lite.trainers.optim import OptimizerKernel as OptimizerKernel
 from reagent_lite.trainers.optim import SoftUpdate as SoftUpdate
 from reagent_lite.trainers.optim import adam as adam
 from reagent_lite.trainers.optim import load_optimizer_state as load_optimizer_state
@@ -99,8 +100,8 @@ class DQNHyperParams:
 class DQNLoss:
     """One step's figures as 0-d tensors (reading them is the caller's device sync).
 
-    From `compute_loss`, `total` still carries the gradient; `train_step` returns a
-    detached record.
+    From `compute_loss`, `total` still carries the gradient; a step keeps the detached
+    record (`detach`).
     """
 
     td_loss: torch.Tensor
@@ -135,12 +136,19 @@ class DQNLoss:
         }
 
 
-def build_optimizer(params: Iterable[nn.Parameter], hp: DQNHyperParams) -> torch.optim.Optimizer:
-    """The configured optimizer with `l2_decay` as weight decay."""
+def build_optimizer(
+    params: Iterable[nn.Parameter],
+    hp: DQNHyperParams,
+    kernel: OptimizerKernel | None = None,
+    *,
+    lr_scale: float = 1.0,
+) -> torch.optim.Optimizer:
+    """The configured optimizer with `l2_decay` as weight decay, Adam(W) built with `kernel`
+    (the step plan's; default: the eager kernel), the learning rate × `lr_scale`."""
     plist = list(params)
-    lr, wd = hp.learning_rate, hp.l2_decay
+    lr, wd = hp.learning_rate * lr_scale, hp.l2_decay
     if hp.optimizer in ("adam", "adamw"):
-        return adam(plist, lr, weight_decay=wd, decoupled=hp.optimizer == "adamw")
+        return adam(plist, lr, weight_decay=wd, decoupled=hp.optimizer == "adamw", kernel=kernel)
     if hp.optimizer == "sgd":
         return torch.optim.SGD(plist, lr=lr, weight_decay=wd)
     return torch.optim.RMSprop(plist, lr=lr, weight_decay=wd)
@@ -151,6 +159,10 @@ def td_loss(q: torch.Tensor, target: torch.Tensor, kind: str) -> torch.Tensor:
     if kind == "huber":
         return F.smooth_l1_loss(q, target, beta=1.0)
     return F.mse_loss(q, target)
+
+
+def _device_of(module: nn.Module) -> torch.device:
+    return next((p.device for p in module.parameters()), torch.device("cpu"))
 
 
 def unwrap(module: nn.Module) -> nn.Module:
@@ -180,15 +192,15 @@ QLogged = tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]
 
 
 class QLearningTrainer(Generic[BatchT]):
-    """Shared trainer: target net, optimizer, scheduler, loss, step and soft updates.
+    """Shared trainer: target net, optimizer, scheduler, loss and soft updates.
 
     Subclasses implement `_q_logged` (Q of the logged action with grad through a given
     module, plus the scores of the candidate set that CQL regularises), `_next_value`
     (value of the next state, called without grad), `_reward` and `_terminal`.
 
-    `q_net` may be a DDP/DP wrapper around `online`: `train_step` forwards through it (so
-    its hooks run) unless told to average the gradients itself (`grad_sync`); grad-free
-    forwards, evaluation (`eval_td_loss`) and the target copy use the plain module.
+    `q_net` may be a DDP/DP wrapper around `online`: the step (`training.update.q_step`)
+    forwards through it (so its hooks run) unless it averages the gradients itself;
+    grad-free forwards, evaluation (`eval_td_loss`) and the target copy use the plain module.
     Train/eval mode is the caller's business; the target network always stays in eval.
     """
 
@@ -205,11 +217,39 @@ class QLearningTrainer(Generic[BatchT]):
         self.target = copy.deepcopy(self.online)
         self.target.requires_grad_(False)
         self.target.eval()
-        self.optimizer = build_optimizer(self.online.parameters(), hparams)
-        self.scheduler = torch.optim.lr_scheduler.ExponentialLR(self.optimizer, hparams.lr_decay)
         self._soft_update = SoftUpdate(self.target, self.online)
-        self._optimized = [p for g in self.optimizer.param_groups for p in g["params"]]
-        self._seed = BackwardSeed()
+        # Taken once: walking the module tree every step costs on a CPU (`SoftUpdate`).
+        self._params = list(self.online.parameters())
+        self._optim: tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LRScheduler] | None
+        self._optim = None
+
+    # -- the optimizer, built once as the step plan needs -----------------------------------
+    def parameters(self) -> list[nn.Parameter]:
+        """The parameters the optimizer steps: the online network's."""
+        return self._params
+
+    def build_optimizer(self, kernel: OptimizerKernel, *, lr_scale: float = 1.0) -> None:
+        """Builds the optimizer with the step plan's `kernel` (and its per-epoch lr decay),
+        the learning rate × `lr_scale` (`training.scale_lr_with_world_size`). Once, before
+        the first step or state load: an optimizer is never rebuilt or patched later."""
+        if self._optim is not None:
+            raise RuntimeError("the trainer's optimizer is built already")
+        opt = build_optimizer(self.parameters(), self.hp, kernel, lr_scale=lr_scale)
+        self._optim = opt, torch.optim.lr_scheduler.ExponentialLR(opt, self.hp.lr_decay)
+
+    def _built(self) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LRScheduler]:
+        if self._optim is None:  # no plan asked (tests, tools): the eager kernel
+            self.build_optimizer(OptimizerKernel.eager(_device_of(self.online)))
+        assert self._optim is not None
+        return self._optim
+
+    @property
+    def optimizer(self) -> torch.optim.Optimizer:
+        return self._built()[0]
+
+    @property
+    def scheduler(self) -> torch.optim.lr_scheduler.LRScheduler:
+        return self._built()[1]
 
     def modules(self) -> list[nn.Module]:
         """The modules a step changes (parameters and buffers): online and target."""
@@ -275,52 +315,9 @@ class QLearningTrainer(Generic[BatchT]):
             total = total + own_loss
         return DQNLoss(td.detach(), cql.detach(), total, q.detach().mean())
 
-    def train_step(
-        self,
-        batches: Sequence[BatchT],
-        grad_sync: Callable[[], None] | None = None,
-        loss: Callable[[BatchT, nn.Module], DQNLoss] | None = None,
-        apply: Callable[[], None] | None = None,
-        loss_scale: float = 1.0,
-    ) -> DQNLoss:
-        """One optimizer step over `batches` (the `minibatches_per_step` micro-batches).
-
-        Gradients of equal-sized micro-batches are accumulated with each loss divided by
-        their number, which equals one step on their union. Without `grad_sync` the forward
-        goes through `q_net` (under DDP the all-reduce runs only on the last micro-batch's
-        backward); with it, through the plain `online` module, and `grad_sync()` averages
-        the gradients over the ranks once they are accumulated, before clipping — what a
-        CUDA graph, which cannot hold DDP's hooks, does. `loss(batch, net)` replaces
-        `compute_loss` (a compiled version of it, `training.compiled.CompiledLoss`), and
-        `apply()` replaces `apply_update` (`training.compiled.CompiledApply`).
-        `loss_scale` multiplies every gradient (`grad_sync.loss_scale`: the 1/world size of
-        an average whose all-reduce does not divide), through the backward's seed.
-        """
-        n = len(batches)
-        if n == 0:
-            raise ValueError("train_step needs at least one batch")
-        # Through the DDP wrapper its hooks divide: a scale as well would divide twice.
-        assert loss_scale == 1.0 or grad_sync is not None, "loss_scale without grad_sync"
-        net = self.q_net if grad_sync is None else self.online
-        for p in self._optimized:  # = optimizer.zero_grad(set_to_none=True), minus its wrapper
-            p.grad = None
-        records = []
-        no_sync = getattr(net, "no_sync", None)
-        for i, batch in enumerate(batches):
-            ctx = no_sync() if (no_sync is not None and i < n - 1) else contextlib.nullcontext()
-            with ctx:
-                record = self.compute_loss(batch, net=net) if loss is None else loss(batch, net)
-                record.total.backward(self._seed(record.total, loss_scale / n))
-            records.append(record.detach())
-        if grad_sync is not None:
-            grad_sync()
-        if self.hp.clip_grad_norm is not None:
-            torch.nn.utils.clip_grad_norm_(self.online.parameters(), self.hp.clip_grad_norm)
-        (self.apply_update if apply is None else apply)()
-        return DQNLoss.mean(records)
-
     def apply_update(self) -> None:
-        """The optimizer step on the gradients in place, then the soft target update."""
+        """The optimizer step on the gradients in place, then the soft target update (the
+        step itself is `training.update.q_step`'s)."""
         self.optimizer.step()
         self._soft_update(self.hp.target_update_rate)
 
@@ -339,7 +336,13 @@ class QLearningTrainer(Generic[BatchT]):
             "q_net": self.online.state_dict(),
             "target": self.target.state_dict(),
             "optimizer": self.optimizer.state_dict(),
-            "scheduler": self.scheduler.state_dict(),
+            # Numbers, not the device tensors a graph's lr makes of them: a portable file.
+            "scheduler": {
+                k: [float(x) if isinstance(x, torch.Tensor) else x for x in v]
+                if isinstance(v, list)
+                else v
+                for k, v in self.scheduler.state_dict().items()
+            },
         }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:

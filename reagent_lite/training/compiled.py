@@ -23,10 +23,10 @@ In a captured CUDA graph the optimizer step and the soft target update are compi
 the parameters: for a Q-network of tens of thousands of parameters that is a handful of
 blocks on a GPU of 132 SMs, and measured on an H100 (batch 8192, MLP 256×256) it was 15%
 of the step, the soft update's multi-tensor kernel 4% more. Inductor turns the same
-arithmetic — Adam's multi-tensor (`foreach`) formulation, which the optimizer is switched
-to for this, and the lerp — into kernels spread over the whole GPU. Only under a graph:
-there the learning rate is a device tensor (`graphs.make_capturable`), so the per-epoch
-decay does not recompile, and the step counters live on the device.
+arithmetic — Adam's multi-tensor (`foreach`) formulation, which the step plan builds the
+optimizer in for this (`step_plan.step_shape`), and the lerp — into kernels spread over
+the whole GPU. Only under a graph: there the learning rate is a device tensor (built so),
+so the per-epoch decay does not recompile, and the step counters live on the device.
 
 The compiled losses trace the networks' variants (`models.traced`): the same parameters,
 with the faster forms of `ForwardOptions`, which `forward_options` decides once from
@@ -35,7 +35,8 @@ fallback below) run the plain forward. The step's log line names the forms that 
 something in its networks (`ForwardOptions.names`).
 
 If compilation fails (no C++ compiler for the CPU backend, an unsupported operator) the
-loss (the update) falls back to eager for the rest of the run, with a warning.
+loss (the update) falls back to eager for the rest of the run, with a warning; the
+optimizer stays as built (multi-tensor, capturable Adam runs eagerly too).
 """
 
 from __future__ import annotations
@@ -121,15 +122,11 @@ class _CompileOnce:
         self.compile_s = 0.0
         self._calls = 0
 
-    def _fell_back(self) -> None:
-        """Undo what compiling needed, once the eager function takes over."""
-
     def give_up(self, why: str) -> None:
         """The eager function from now on, `why` being the reason to show (e.g. another
         rank's compilation failed: every rank must run the same arithmetic)."""
         if not self.failed:
             self.failed = why
-            self._fell_back()
 
     def _run(self, compiled: Callable[[], _Out], eager: Callable[[], _Out]) -> _Out:
         if self.failed:
@@ -144,7 +141,6 @@ class _CompileOnce:
             first_line = (str(err).splitlines() or [""])[0][:200]
             self.failed = f"compile failed: {type(err).__name__}: {first_line}"
             log.warning("training.compile: %s: %s; eager", self.what, self.failed)
-            self._fell_back()
             return eager()
         self._calls += 1
         if first:
@@ -242,8 +238,9 @@ class CompiledCpeLoss(_Compiled[Tensor]):
 
 class CompiledApply(_CompileOnce):
     """A trainer's `apply_update` (the optimizer step, then a soft target update) —
-    `optimizer` being the one it steps —, compiled once per run for a captured CUDA graph
-    (module notes); after a compile failure, the eager update with fused Adam again."""
+    `optimizer` being the one it steps, built in the multi-tensor form for this
+    (`step_plan.step_shape`) —, compiled once per run for a captured CUDA graph (module
+    notes); after a compile failure, the eager update with the optimizer as built."""
 
     def __init__(
         self, optimizer: torch.optim.Optimizer, apply_update: Callable[[], None], what: str
@@ -252,23 +249,12 @@ class CompiledApply(_CompileOnce):
         self.optimizer = optimizer
         self.apply_update = apply_update
         self.what = what
-        # Inductor fuses the multi-tensor formulation; torch's fused kernel is opaque to it.
-        self._fused = [bool(g.get("fused")) for g in optimizer.param_groups]
-        self._set_fused(False)
         self._compiled: Callable[[], None] = torch.compile(apply_update, dynamic=False)
-
-    def _set_fused(self, fused: bool) -> None:
-        for group, was in zip(self.optimizer.param_groups, self._fused, strict=True):
-            if was:
-                group["fused"], group["foreach"] = fused, not fused
-
-    def _fell_back(self) -> None:
-        self._set_fused(True)
 
     def __call__(self) -> None:
         self._run(self._compiled, self.apply_update)
 
     def describe(self) -> str:
         if self.failed:
-            return f"{self.what} eager ({self.failed})"
+            return f"{self.what} eager, optimizer as built ({self.failed})"
         return f"{self.what} compiled"

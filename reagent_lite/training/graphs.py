@@ -1,18 +1,18 @@
 """The training step as one CUDA graph: `GraphStep`, a wrapper around the plain step.
 
-`GraphStep(step, source, ctx, peer_sum)` takes the plain step (`update.Update`: the trainer's
-optimizer step and the CPE side models' step, called on a list of micro-batches) and a
-batch source. `capture()` runs a few eager steps on a side stream so that lazily created
+`GraphStep(step, source, ctx)` takes the step the factory built (`update.build_update`: the
+Q-network's optimizer step and the CPE side models' step, called on a list of
+micro-batches) and a batch source; it only captures that function. `capture()` runs a few eager steps on a side stream so that lazily created
 state (Adam moments, cuBLAS workspaces) exists, captures one step reading the source's
 static buffers (`BatchSource.static()`), then undoes the warm-up (`WarmupSnapshot`). From
 then on a step is the source's `stage()` and one `replay()`: index lookup, gathers,
 forwards, backward, fused Adam, soft target update and CPE step cost one launch instead of
-a few hundred. When capture is impossible (`graph_blocker`) or fails, `StepRunner` stays
+a few hundred. When capture is impossible (`step_plan.graph_blocker`) or fails, `StepRunner` stays
 eager and says why.
 
 Several processes (DDP over NCCL): DDP's reducer works on the host and cannot live in a
-graph, so the captured step is the plain step told to average the gradients itself — the
-trainers forward through their plain modules, and between backward and the optimizer step
+graph, so the step plan has the factory build the captured step averaging the gradients
+itself (`StepShape.average_in_graph`) — the models forward through their plain modules, and between backward and the optimizer step
 one flat buffer per optimizer is all-reduced inside the graph
 (`DistContext.gradient_average`: one peer-to-peer kernel on one host, else NCCL). The DDP wrapper stays for what it did at construction
 (rank 0's parameters broadcast, so replicas start identical) and for the eager fallback,
@@ -30,8 +30,10 @@ does not wait for the replays (the heartbeat does, so that a stuck replay still 
 out). CPU / gloo runs never capture.
 
 The plumbing: capture needs Adam(W) with `capturable` state on the device and, for a
-learning rate the scheduler changes between epochs, a tensor lr (`make_capturable`);
-checkpoints store the portable form (`plain_lr`), so a graph run resumes anywhere.
+learning rate the scheduler changes between epochs, a tensor lr: the step plan decides
+that before the optimizers are built (`step_plan.step_shape`, `optim.OptimizerKernel`),
+and nothing here changes them. Checkpoints store the portable form (`plain_lr`), so a
+graph run resumes anywhere.
 """
 
 from __future__ import annotations
@@ -46,12 +48,8 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from reagent_lite.config.models import Switch
 from reagent_lite.distributed.context import DistContext, is_collective_error
 from reagent_lite.errors import TrainingError
-from reagent_lite.evaluation.cpe_models import CpeModelTrainer
-from reagent_lite.torch_private import silence_capturable_warning
-from reagent_lite.trainers.common import QLearningTrainer
 from reagent_lite.training.sources import BatchSource, StaticRows
 from reagent_lite.training.update import Update
 
@@ -65,32 +63,16 @@ _WARMUP_STEPS = 3
 _HEARTBEAT_STEPS = 64
 
 
-def graph_blocker(
-    trainer: QLearningTrainer[Any], cpe: CpeModelTrainer | None, ctx: DistContext
-) -> str:
-    """Why the step of `trainer` (and the CPE models' `cpe`) cannot be captured ("" when it
-    can): decided before the step is built, which is built for the graph or not."""
-    if isinstance(trainer.q_net, nn.DataParallel):
-        return "the network is wrapped by DataParallel (its steps run eagerly)"
-    if ctx.world_size > 1 and ctx.backend != "nccl":
-        return f"DDP over {ctx.backend}: only NCCL all-reduces can be captured"
-    optimizers = [trainer.optimizer] + ([cpe.optimizer] if cpe is not None else [])
-    if not all(adam_family(o) for o in optimizers):
-        return f"optimizer {type(trainer.optimizer).__name__} is not Adam/AdamW"
-    return ""
-
-
 class GraphStep:
-    """The plain `step` captured as one CUDA graph reading `source`'s static buffers;
-    `peer_sum`: `training.step_plan.p2p_allreduce`, for several ranks."""
+    """The factory's `step` (`update.build_update`) captured as one CUDA graph reading
+    `source`'s static buffers; over several ranks, a step that averages its gradients."""
 
-    def __init__(
-        self, step: Update, source: BatchSource, ctx: DistContext, peer_sum: Switch
-    ) -> None:
+    def __init__(self, step: Update, source: BatchSource, ctx: DistContext) -> None:
         self.ctx = ctx
         self.ranks = ctx.world_size
-        # Over several ranks the graph averages the gradients itself (module notes).
-        self.step = step.averaging_gradients(ctx, peer_sum) if self.ranks > 1 else step
+        # Over several ranks, built to average the gradients itself (module notes).
+        assert self.ranks == 1 or step.q_sync is not None, "a step DDP's hooks reduce"
+        self.step = step
         self.source = source
         self.graph: torch.cuda.CUDAGraph | None = None
         self._static: StaticRows | None = None
@@ -118,11 +100,10 @@ class GraphStep:
         "" when the graph is ready, else why the steps stay eager — capture failed here or
         on another rank. Over several ranks a warm-up failure raises (`_warmup_failed`)."""
         device, several = self.ctx.device, self.ranks > 1
-        trainer, optimizers = self.step.trainer, self.step.optimizers()
-        # Capturable first: it may move step counters, which the snapshot must then hold.
-        for opt in optimizers:
-            make_capturable(opt, device, lr_tensor=opt is trainer.optimizer)
-        self._lr = [g["lr"] for g in trainer.optimizer.param_groups]
+        optimizers = self.step.optimizers()
+        # Built capturable, the lr a device tensor (`step_plan.step_shape`): the tensors
+        # the graph will read.
+        self._lr = [g["lr"] for g in self.step.trainer.optimizer.param_groups]
         snapshot = WarmupSnapshot(self.step.modules(), optimizers)
         failure, phase = "", "warm-up"
         try:
@@ -208,10 +189,11 @@ class GraphStep:
         )
 
     def begin_epoch(self) -> None:
-        """The scheduler may have put a float where the graph reads a tensor: copy it back."""
+        """The scheduler may have put a float where the graph reads a tensor: copy it back
+        (torch since 2.2 fills the tensor in place; an older one replaced it)."""
         groups = self.step.trainer.optimizer.param_groups
         for group, lr in zip(groups, self._lr, strict=True):
-            if group["lr"] is not lr:
+            if isinstance(lr, Tensor) and group["lr"] is not lr:
                 lr.fill_(float(group["lr"]))
                 group["lr"] = lr
 
@@ -255,30 +237,14 @@ def adam_family(opt: torch.optim.Optimizer) -> bool:
     return type(opt) in (torch.optim.Adam, torch.optim.AdamW)
 
 
-def make_capturable(opt: torch.optim.Optimizer, device: torch.device, lr_tensor: bool) -> None:
-    """Adam(W) whose step can live in a CUDA graph: device step counters, and (when the
-    learning rate changes between epochs) the lr as a device tensor the graph reads."""
-    opt.defaults["capturable"] = True
-    # Warm-up and evaluation run it outside a graph on purpose: no warning about that.
-    silence_capturable_warning(opt)
-    for group in opt.param_groups:
-        group["capturable"] = True
-        lr = group["lr"]
-        if lr_tensor and not (isinstance(lr, Tensor) and lr.device == device):
-            group["lr"] = torch.tensor(float(lr), dtype=torch.float32, device=device)
-    for state in opt.state.values():
-        step = state.get("step")
-        if isinstance(step, Tensor) and step.device != device:
-            state["step"] = step.to(device=device, dtype=torch.float32)
-
-
 def plain_lr(optimizer_state: dict[str, Any]) -> dict[str, Any]:
     """An optimizer state_dict made portable for checkpoints: tensor learning rates become
     floats and `capturable` is cleared, so the checkpoint resumes on CPU or without graphs
-    too (a graph-capturing run makes its optimizer capturable again before capture)."""
+    too (`load_optimizer_state` keeps the loading run's kernel, as built)."""
     for group in optimizer_state.get("param_groups", []):
-        if isinstance(group.get("lr"), Tensor):
-            group["lr"] = float(group["lr"])
+        for key in ("lr", "initial_lr"):
+            if isinstance(group.get(key), Tensor):
+                group[key] = float(group[key])
         if group.get("capturable"):
             group["capturable"] = False
     return optimizer_state

@@ -46,7 +46,7 @@ from reagent_lite.training.run import Run
 from reagent_lite.training.selection import selected_model
 from reagent_lite.training.shard import load_training_shard
 from reagent_lite.training.state import EpochRecord, TrainState
-from reagent_lite.training.step_plan import asked
+from reagent_lite.training.step_plan import StepShape, asked, step_shape
 from reagent_lite.training.steps import StepRunner, build_step_runner, plan_steps
 from reagent_lite.training.tracking import MlflowTracker
 
@@ -66,6 +66,7 @@ class Workflow:
     steps_per_epoch: int
     host_memory: HostMemory
     step_plan: StepPlanParameters
+    step_shape: StepShape
 
     def __init__(
         self,
@@ -126,10 +127,19 @@ class Workflow:
         q_net = self.kind.build_policy_network(cfg, dims, self.space).to(self.device)
         ckpt.warm_start(q_net, cfg.training.warm_start_model_path)
         self.q_net_ddp = self._wrap(q_net)
+        # What the step is built for, before any optimizer: they are built as it needs.
+        self.step_shape = step_shape(
+            self.device,
+            cuda_graphs=cfg.cuda_graphs,
+            compile=cfg.training.compile,
+            world_size=ctx.world_size,
+            backend=ctx.backend,
+            optimizer=cfg.training.optimizer,
+            data_parallel=isinstance(self.q_net_ddp, nn.DataParallel),
+        )
         trainer = self.kind.build_trainer(self.q_net_ddp, cfg, self.space, q_net)
-        if cfg.training.scale_lr_with_world_size:
-            for group in trainer.optimizer.param_groups:
-                group["lr"] *= ctx.world_size
+        lr_scale = ctx.world_size if cfg.training.scale_lr_with_world_size else 1
+        trainer.build_optimizer(self.step_shape.kernel, lr_scale=lr_scale)
         policy = EvaluatedPolicy(cfg.evaluation.policy, cfg.rl.temperature)
         cpe_nets, cpe = self._cpe_models(dims, policy)
         self._plan_steps()
@@ -208,6 +218,7 @@ class Workflow:
             target_update_rate=cfg.rl.target_update_rate,
             learning_rate=cfg.training.learning_rate,
             use_time_diff=cfg.rl.use_seq_num_diff_as_time_diff,
+            optimizer_kernel=self.step_shape.kernel,
         )
         return nets, cpe
 
@@ -291,6 +302,7 @@ class Workflow:
                 host_memory=self.host_memory,
                 disk=self.disk,
                 epochs=cfg.epochs,
+                shape=self.step_shape,
             )
         return self._runner
 

@@ -30,6 +30,7 @@ from torch import nn
 from reagent_lite.config.models import Precision, StepPlanParameters, StepVariants
 from reagent_lite.distributed.context import GradAverage
 from reagent_lite.models.traced import ForwardOptions
+from reagent_lite.trainers.optim import OptimizerKernel
 from reagent_lite.training.compiled import SUM_OUTPUTS
 from reagent_lite.training.host_memory import HostMemory
 
@@ -78,6 +79,69 @@ def asked(
                 effect,
             )
     return params.model_copy(update=changes) if changes else params
+
+
+@dataclass(frozen=True)
+class StepShape:
+    """What the step is built for, decided once (`step_shape`) from the config, the device
+    and the ranks, before the trainers' optimizers are built: `graph`, the step is built
+    to be captured (else `why_eager`, when a graph was asked on CUDA; a capture that fails
+    later leaves the step eager, built as it is); `compiled_update`, the optimizer steps
+    compiled (`training.compile`, under a graph only: `compiled.py` says why);
+    `average_in_graph`, the step averages the gradients over the ranks itself (a graph
+    cannot hold DDP's hooks), else DDP's hooks do; `kernel`, how Adam is built."""
+
+    graph: bool
+    why_eager: str
+    compiled_update: bool
+    average_in_graph: bool
+    kernel: OptimizerKernel
+
+
+def graph_blocker(*, data_parallel: bool, world_size: int, backend: str, optimizer: str) -> str:
+    """Why a step cannot be captured ("" when it can): `data_parallel`, the network is
+    wrapped by DataParallel; `backend`, the process group's; `optimizer`,
+    `training.optimizer`."""
+    if data_parallel:
+        return "the network is wrapped by DataParallel (its steps run eagerly)"
+    if world_size > 1 and backend != "nccl":
+        return f"DDP over {backend}: only NCCL all-reduces can be captured"
+    if optimizer not in ("adam", "adamw"):
+        return f"training.optimizer {optimizer} is not adam/adamw"
+    return ""
+
+
+def step_shape(
+    device: torch.device,
+    *,
+    cuda_graphs: bool,
+    compile: bool,
+    world_size: int,
+    backend: str,
+    optimizer: str,
+    data_parallel: bool,
+) -> StepShape:
+    """The shape of a run's step (`StepShape`): a pure function of the config
+    (`cuda_graphs`, `training.compile`, `training.optimizer`), the device and the ranks."""
+    wants_graph = cuda_graphs and device.type == "cuda"
+    why_eager = (
+        graph_blocker(
+            data_parallel=data_parallel, world_size=world_size, backend=backend, optimizer=optimizer
+        )
+        if wants_graph
+        else ""
+    )
+    graph = wants_graph and not why_eager
+    compiled_update = graph and compile
+    if graph:
+        # Capturable, the lr a tensor the graph reads; Inductor fuses the multi-tensor
+        # form, torch's fused kernel is opaque to it.
+        kernel = OptimizerKernel(
+            fused=not compiled_update, foreach=compiled_update, capturable=True, tensor_lr=True
+        )
+    else:
+        kernel = OptimizerKernel.eager(device)
+    return StepShape(graph, why_eager, compiled_update, graph and world_size > 1, kernel)
 
 
 @dataclass(frozen=True)

@@ -1,12 +1,12 @@
 """The training step as `Workflow.train` runs it: a batch source, the plain step, and
 optionally the CUDA graph that replays it.
 
-* `Update` is the plain step: the trainer's optimizer step over a step's micro-batches
-  and the CPE side models' step over the first, the loss summed into a device scalar (no
-  host synchronisation).
+* `Update` is the step the factory (`update.build_update`) composes: the Q-network's
+  optimizer step over a step's micro-batches and the CPE side models' over the first,
+  the loss summed into a device scalar (no host synchronisation).
 * A batch source (`sources.py`) hands out the micro-batches: resident rows gathered by
   index on the device, chunks streamed from host memory, or windows streamed from disk.
-* `StepRunner.step()` is the plain step called on the source's next batches (eager) or,
+* `StepRunner.step()` is the step called on the source's next batches (eager) or,
   on CUDA with `cuda_graphs: true`, one replay of the step captured by `graphs.GraphStep`;
   if capture is impossible or fails the runner says why and stays eager.
 
@@ -31,13 +31,9 @@ from reagent_lite.data.tensordict import TensorDict
 from reagent_lite.distributed.context import DistContext
 from reagent_lite.evaluation.cpe_models import CpeModelTrainer
 from reagent_lite.trainers.common import QLearningTrainer
-from reagent_lite.training.compiled import (
-    CompiledApply,
-    CompiledCpeLoss,
-    CompiledLoss,
-    forward_options,
-)
-from reagent_lite.training.graphs import GraphStep, graph_blocker
+from reagent_lite.trainers.optim import OptimizerKernel
+from reagent_lite.training.compiled import forward_options
+from reagent_lite.training.graphs import GraphStep
 from reagent_lite.training.host_memory import HostMemory
 from reagent_lite.training.sources import (
     BatchSource,
@@ -47,8 +43,8 @@ from reagent_lite.training.sources import (
     StreamedRows,
     training_columns,
 )
-from reagent_lite.training.step_plan import StepPlan, plan_text
-from reagent_lite.training.update import Update
+from reagent_lite.training.step_plan import StepPlan, StepShape, plan_text, step_shape
+from reagent_lite.training.update import Averaging, StepKernels, Update, build_update
 
 log = logging.getLogger("reagent_lite")
 
@@ -68,8 +64,10 @@ class StepRunner:
         graph: GraphStep | None,
         why_eager: str,
         plan: StepPlan,
+        kernel: OptimizerKernel,
     ) -> None:
         self.source = source
+        self.kernel = kernel
         self.update = update
         self.step_plan = plan
         self.loss_sum = update.loss_sum
@@ -96,6 +94,8 @@ class StepRunner:
             mode = self.graph.describe()
         else:
             mode = "eager" + (f" ({self.why_eager})" if self.why_eager else "")
+            if self.kernel.capturable:  # built for a graph that was not captured
+                mode += f", optimizer as built for the graph ({self.kernel.describe()})"
         return (
             f"training step: {mode}, {self.update.describe()}; data {self.source.describe()}; "
             + plan_text(self.plan())
@@ -178,6 +178,7 @@ def build_step_runner(
     host_memory: HostMemory,
     disk: DiskShardStream | None = None,
     epochs: int | None = None,
+    shape: StepShape | None = None,
 ) -> StepRunner:
     """The runner of a run's settings. `data`: the shard (with `disk`, the stream of
     `stream_from_disk`, only its normalized sample: a column template); `resident`:
@@ -187,7 +188,10 @@ def build_step_runner(
     `training.precision`, `training.compile`, `training.step_variants`,
     `training.step_plan` (the deprecated switches mapped on: `step_plan.asked`), the forms
     the compiled losses trace being decided here, once; `host_memory`: what setup did to
-    malloc (`host_memory.keep_freed_memory`), for the plan's record."""
+    malloc (`host_memory.keep_freed_memory`), for the plan's record; `shape`: what the step
+    is built for (`step_plan.step_shape`), decided by the caller before the trainers'
+    optimizers were built (by default here, for trainers whose optimizer is the eager
+    one: tests and tools)."""
     device = ctx.device
     columns = training_columns(data)
     mps, batch = minibatches_per_step, minibatch_size
@@ -201,27 +205,36 @@ def build_step_runner(
     else:
         source = ResidentRows(columns, data.pack, sampler, steps_per_epoch, mps, batch)
     options = forward_options(step_variants, device, precision)
-    # Captured or not is decided first, so that the step is built for it, not patched after.
-    wants_graph = cuda_graphs and device.type == "cuda"
-    why_eager = graph_blocker(trainer, cpe, ctx) if wants_graph else ""
-    captured = wants_graph and not why_eager
-    # The optimizer steps are compiled only under a graph: compiled.py says why.
-    apply = cpe_apply = None
-    if captured and compiled:
-        apply = CompiledApply(trainer.optimizer, trainer.apply_update, "optimizer step")
-        if cpe is not None:
-            cpe_apply = CompiledApply(cpe.optimizer, cpe.apply_update, "CPE models' optimizer step")
-    update = Update(
-        trainer,
-        cpe,
-        torch.zeros((), device=device),
-        precision=precision,
-        loss=CompiledLoss(trainer, options) if compiled else None,
-        cpe_loss=CompiledCpeLoss(cpe, options) if compiled and cpe is not None else None,
-        apply=apply,
-        cpe_apply=cpe_apply,
+    if shape is None:
+        shape = step_shape(
+            device,
+            cuda_graphs=cuda_graphs,
+            compile=compiled,
+            world_size=ctx.world_size,
+            backend=ctx.backend,
+            optimizer=trainer.hp.optimizer,
+            data_parallel=isinstance(trainer.q_net, torch.nn.DataParallel),
+        )
+    why_eager, captured = shape.why_eager, shape.graph
+    # The compiled parts once, shared by the eager step and the captured one.
+    kernels = StepKernels.build(
+        trainer, cpe, compile=compiled, compiled_update=shape.compiled_update, options=options
     )
-    graph = GraphStep(update, source, ctx, step_plan.p2p_allreduce) if captured else None
+    loss_sum = torch.zeros((), device=device)
+    update = build_update(trainer, cpe, loss_sum, precision=precision, kernels=kernels)
+    graph = None
+    if captured:
+        # Over several ranks the captured step averages its gradients itself; the eager
+        # step (and the fallback, should capture fail) leaves that to DDP's hooks.
+        averaging = Averaging(ctx, step_plan.p2p_allreduce) if shape.average_in_graph else None
+        graph_update = (
+            build_update(
+                trainer, cpe, loss_sum, precision=precision, kernels=kernels, averaging=averaging
+            )
+            if averaging is not None
+            else update
+        )
+        graph = GraphStep(graph_update, source, ctx)
     plan = StepPlan(
         device=device,
         world_size=ctx.world_size,
@@ -233,7 +246,7 @@ def build_step_runner(
         options=options,
         host_memory=host_memory,
     )
-    return StepRunner(source, update, graph, why_eager, plan)
+    return StepRunner(source, update, graph, why_eager, plan, shape.kernel)
 
 
 def plan_steps(

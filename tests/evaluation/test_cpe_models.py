@@ -1,4 +1,4 @@
-"""The CPE side models' training step (`CpeModelTrainer.train_step`) against the maths
+"""The CPE side models' training step (the step factory's `cpe_step`) against the maths
 written out: expected-SARSA targets of the softmax policy, squared reward error and smooth
 L1 value error over the rows with a logged action."""
 
@@ -21,6 +21,7 @@ from reagent_lite.evaluation.cpe_models import (
 )
 from reagent_lite.kinds import KINDS
 from reagent_lite.models import build_q_network
+from tests.trainers.helpers import Sync, cpe_train_step
 
 D, A, B = 5, 3, 64
 
@@ -119,7 +120,7 @@ def test_step_equals_the_maths_written_out(use_time_diff: bool, greedy: bool) ->
         err = (q_hat - data.reward).abs()[data.action >= 0]
     assert (err < 1.0).any() and (err > 1.0).any()
     want_loss, want = reference_step(nets, cpe.target_value, q_net, data, use_time_diff, greedy)
-    got_loss = cpe.train_step(data, q_net)
+    got_loss = cpe_train_step(cpe, data, q_net)
     torch.testing.assert_close(got_loss, want_loss, rtol=1e-5, atol=1e-6)
     for x, y, before in zip(
         cpe.nets.parameters(), want.parameters(), nets.parameters(), strict=True
@@ -146,7 +147,7 @@ def test_rows_without_a_logged_action_add_nothing_even_with_a_bad_reward() -> No
     data, clean = batch(0), batch(0)
     data.reward[0] = float("inf")  # row 0 has action −1
     clean.reward[0] = 0.0
-    bad_loss, good_loss = bad.train_step(data, q_net), good.train_step(clean, q_net)
+    bad_loss, good_loss = cpe_train_step(bad, data, q_net), cpe_train_step(good, clean, q_net)
     assert torch.isfinite(bad_loss) and torch.equal(bad_loss, good_loss)
     for p, q in zip(bad.nets.parameters(), good.nets.parameters(), strict=True):
         assert torch.isfinite(p).all()
@@ -172,9 +173,9 @@ def test_grad_sync_steps_the_plain_nets_and_runs_once() -> None:
     q_net, data = net(), batch(1)
     calls: list[int] = []
     with pytest.raises(AssertionError, match="through the wrapper"):
-        wrapped.train_step(data, q_net)
-    want = plain.train_step(data, q_net)
-    got = wrapped.train_step(data, q_net, grad_sync=lambda: calls.append(1))
+        cpe_train_step(wrapped, data, q_net)
+    want = cpe_train_step(plain, data, q_net)
+    got = cpe_train_step(wrapped, data, q_net, sync=Sync(lambda: calls.append(1)))
     assert calls == [1]
     torch.testing.assert_close(got, want)
     for a, b in zip(plain.plain.parameters(), wrapped.plain.parameters(), strict=True):

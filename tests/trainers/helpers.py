@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Any
 
 import torch
 from torch import nn
 
+from reagent_lite.evaluation.cpe_models import CpeModelTrainer
 from reagent_lite.models import MLP, ParametricQNetwork, build_q_network
+from reagent_lite.trainers.common import DQNLoss, QLearningTrainer
+from reagent_lite.training.update import cpe_step, q_step
 
 
 def discrete_batch(
@@ -117,3 +122,34 @@ def random_parametric_batch(
         time_diff=torch.ones(b),
         terminal=torch.zeros(b),
     )
+
+
+@dataclass(frozen=True)
+class Sync:
+    """A step's own gradient reduction stand-in (`gradient_step.Reduction`): `fn` runs
+    where the all-reduce would, `loss_scale` rides on the backward's seed."""
+
+    fn: Callable[[], object] = lambda: None
+    loss_scale: float = 1.0
+
+    def __call__(self) -> None:
+        self.fn()
+
+
+def train_step(
+    trainer: QLearningTrainer[Any],
+    batches: Sequence[Any],
+    *,
+    sync: Sync | None = None,
+    apply: Callable[[], None] | None = None,
+) -> DQNLoss:
+    """One optimizer step of `trainer` through the step factory's Q step (`q_step`), the
+    micro-batches' records averaged."""
+    return DQNLoss.mean(q_step(trainer, sync=sync, apply=apply)(batches))
+
+
+def cpe_train_step(
+    cpe: CpeModelTrainer, batch: Any, q_net: nn.Module, *, sync: Sync | None = None
+) -> torch.Tensor:
+    """One optimizer step of the CPE models through the factory's `cpe_step`."""
+    return cpe_step(cpe, q_net, sync=sync)([batch])[0].total

@@ -12,11 +12,13 @@ from reagent_lite.models import build_q_network
 from reagent_lite.models.bcq import BCQQNetwork
 from reagent_lite.trainers import DQNHyperParams, DQNTrainer, reward_boost_vector
 from tests.trainers.helpers import (
+    Sync,
     discrete_batch,
     identity_q_net,
     random_discrete_batch,
     set_identity,
     slice_batch,
+    train_step,
 )
 
 GAMMA = 0.95
@@ -36,7 +38,7 @@ def test_constant_reward_converges_to_geometric_sum(double_q: bool) -> None:
     )
     trainer = _trainer(net, double_q_learning=double_q, target_update_rate=0.5, learning_rate=1e-2)
     for _ in range(800):
-        trainer.train_step([random_discrete_batch(64, 4, 2)])
+        train_step(trainer, [random_discrete_batch(64, 4, 2)])
     q = net(torch.randn(512, 4)).detach()
     assert q.mean().item() == pytest.approx(20.0, rel=0.1)
     assert ((q - 20.0).abs() < 2.0).all()
@@ -169,8 +171,8 @@ def test_accumulation_equals_one_big_batch(optimizer: str) -> None:
     accum = _trainer(copy.deepcopy(net), minibatches_per_step=2, **hp)
     for _ in range(3):
         batch = random_discrete_batch(32, 3, 2)
-        rec_big = big.train_step([batch])
-        rec_acc = accum.train_step([slice_batch(batch, 0, 16), slice_batch(batch, 16, 32)])
+        rec_big = train_step(big, [batch])
+        rec_acc = train_step(accum, [slice_batch(batch, 0, 16), slice_batch(batch, 16, 32)])
         torch.testing.assert_close(rec_big.total, rec_acc.total, rtol=1e-5, atol=1e-6)
     for a, b in zip(big.online.parameters(), accum.online.parameters(), strict=True):
         torch.testing.assert_close(a, b, rtol=0, atol=1e-6)
@@ -186,7 +188,7 @@ def test_soft_target_update_is_exact() -> None:
         for p in trainer.target.parameters():
             p.add_(torch.randn_like(p))
     before = [p.clone() for p in trainer.target.parameters()]
-    trainer.train_step([random_discrete_batch(8, 3, 2)])
+    train_step(trainer, [random_discrete_batch(8, 3, 2)])
     for t_new, t_old, o in zip(trainer.target.parameters(), before, net.parameters(), strict=True):
         torch.testing.assert_close(t_new, 0.75 * t_old + 0.25 * o.detach(), rtol=0, atol=1e-6)
         assert not t_new.requires_grad
@@ -202,7 +204,7 @@ def test_soft_update_follows_parameters_replaced_by_a_state_dict_load() -> None:
     state["q_net"] = {k: torch.randn_like(v) for k, v in state["q_net"].items()}
     trainer.online.load_state_dict(state["q_net"], assign=True)
     trainer.load_state_dict({**state, "q_net": trainer.online.state_dict()})
-    trainer.train_step([random_discrete_batch(8, 3, 2)])  # τ = 1: target := online
+    train_step(trainer, [random_discrete_batch(8, 3, 2)])  # τ = 1: target := online
     for t, o in zip(trainer.target.parameters(), trainer.online.parameters(), strict=True):
         torch.testing.assert_close(t, o.detach())
 
@@ -211,20 +213,20 @@ def test_loading_an_unfused_optimizer_state_keeps_this_runs_fused_adam() -> None
     net = build_q_network(in_dim=3, n_actions=2, layers=[-1, 8, -1], activations=["relu", "linear"])
     trainer = _trainer(net, optimizer="adam")
     assert trainer.optimizer.param_groups[0]["fused"]
-    trainer.train_step([random_discrete_batch(8, 3, 2)])
+    train_step(trainer, [random_discrete_batch(8, 3, 2)])
     state = trainer.state_dict()
     for group in state["optimizer"]["param_groups"]:
         group.update(fused=None, foreach=None)  # as written before CPU Adam was fused
     trainer.load_state_dict(state)
     assert trainer.optimizer.param_groups[0]["fused"]
-    trainer.train_step([random_discrete_batch(8, 3, 2)])
+    train_step(trainer, [random_discrete_batch(8, 3, 2)])
 
 
 def test_clip_grad_norm_bounds_the_update() -> None:
     trainer = _trainer(optimizer="sgd", learning_rate=1.0, clip_grad_norm=0.1)
     before = [p.clone() for p in trainer.online.parameters()]
     batch = discrete_batch([[30.0, 0.0]], [0], [0.0], [[0, 0]], terminal=[1])
-    trainer.train_step([batch])
+    train_step(trainer, [batch])
     step = torch.cat(
         [(p - b).flatten() for p, b in zip(trainer.online.parameters(), before, strict=True)]
     )
@@ -233,7 +235,7 @@ def test_clip_grad_norm_bounds_the_update() -> None:
 
 def test_train_step_returns_detached_tensors_and_lr_decays() -> None:
     trainer = _trainer(lr_decay=0.5, learning_rate=0.1)
-    record = trainer.train_step([random_discrete_batch(4, 2, 2)])
+    record = train_step(trainer, [random_discrete_batch(4, 2, 2)])
     for value in (record.td_loss, record.cql_loss, record.total, record.mean_q):
         assert isinstance(value, torch.Tensor) and value.ndim == 0 and not value.requires_grad
     assert set(record.as_floats()) == {"td_loss", "cql_loss", "loss", "mean_q"}
@@ -252,13 +254,13 @@ def test_state_dict_round_trip() -> None:
 
     first = make()
     for _ in range(3):
-        first.train_step([random_discrete_batch(8, 3, 2)])
+        train_step(first, [random_discrete_batch(8, 3, 2)])
     first.on_epoch_end()
     second = make()
     second.load_state_dict(copy.deepcopy(first.state_dict()))
     batch = random_discrete_batch(8, 3, 2)
-    first.train_step([batch])
-    second.train_step([batch])
+    train_step(first, [batch])
+    train_step(second, [batch])
     for a, b in zip(
         first.state_dict()["q_net"].values(), second.state_dict()["q_net"].values(), strict=True
     ):
@@ -285,7 +287,7 @@ def test_wrapped_network_keeps_unwrapped_target_and_state_dict() -> None:
     assert trainer.online is inner
     assert type(trainer.target) is type(inner)
     assert all(not k.startswith("module.") for k in trainer.state_dict()["q_net"])
-    trainer.train_step([random_discrete_batch(4, 2, 2)])
+    train_step(trainer, [random_discrete_batch(4, 2, 2)])
 
 
 @pytest.mark.parametrize("bcq", [False, True], ids=["dqn", "bcq"])
@@ -307,8 +309,8 @@ def test_real_ddp_with_accumulation(tmp_path: object, bcq: bool) -> None:
         ddp = _trainer(DistributedDataParallel(net), optimizer="sgd", learning_rate=0.1)
         assert ddp.online is net
         batch = random_discrete_batch(16, 3, 2)
-        plain.train_step([batch])
-        ddp.train_step([slice_batch(batch, 0, 8), slice_batch(batch, 8, 16)])
+        train_step(plain, [batch])
+        train_step(ddp, [slice_batch(batch, 0, 8), slice_batch(batch, 8, 16)])
         for a, b in zip(plain.online.parameters(), net.parameters(), strict=True):
             torch.testing.assert_close(a, b, rtol=0, atol=1e-6)
 
@@ -344,9 +346,9 @@ def test_grad_sync_goes_around_the_wrapper_and_runs_once_before_the_step() -> No
         seen.append([p.grad.clone() for p in inner.parameters() if p.grad is not None])
 
     with pytest.raises(AssertionError, match="through the wrapper"):
-        wrapped.train_step(halves)
-    want = plain.train_step(halves)
-    got = wrapped.train_step(halves, grad_sync=sync)
+        train_step(wrapped, halves)
+    want = train_step(plain, halves)
+    got = train_step(wrapped, halves, sync=Sync(sync))
     assert len(seen) == 1 and len(seen[0]) == len(list(inner.parameters()))
     torch.testing.assert_close(got.total, want.total)
     for a, b in zip(plain.online.parameters(), inner.parameters(), strict=True):
@@ -366,9 +368,7 @@ def test_loss_scale_multiplies_every_gradient_exactly(micro: int) -> None:
     for scale in (1.0, 0.25):
         trainer = _trainer(copy.deepcopy(net), minibatches_per_step=micro)
         # A no-op sync, as a summing all-reduce over one rank: the scale is its business.
-        record = trainer.train_step(
-            batches, grad_sync=lambda: None, apply=lambda: None, loss_scale=scale
-        )
+        record = train_step(trainer, batches, sync=Sync(loss_scale=scale), apply=lambda: None)
         grads.append([p.grad.clone() for p in trainer.online.parameters()])
         losses.append(record.total)
     assert torch.equal(losses[0], losses[1])
@@ -437,7 +437,7 @@ def test_bcq_trains_the_imitator_in_the_same_step_and_serves_the_logged_behaviou
         batch.action = (batch.state[:, 0] > 0).long()
         batch.reward = batch.action.float()
         batch.terminal = torch.ones(128)
-        trainer.train_step([batch])
+        train_step(trainer, [batch])
     state = torch.randn(2000, 4)
     behaviour = (state[:, 0] > 0).long()
     with torch.no_grad():

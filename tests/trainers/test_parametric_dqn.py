@@ -15,6 +15,7 @@ from tests.trainers.helpers import (
     random_parametric_batch,
     set_action_scale,
     slice_batch,
+    train_step,
 )
 
 GAMMA = 0.95
@@ -54,7 +55,7 @@ def test_constant_reward_with_varying_candidate_counts(double_q: bool) -> None:
     net = ParametricQNetwork(4, 3, [-1, 32, 32, -1], ["relu", "relu", "linear"])
     trainer = _trainer(net, double_q_learning=double_q, target_update_rate=0.5, learning_rate=1e-2)
     for _ in range(800):
-        trainer.train_step([random_parametric_batch(64, 4, 3, 5)])
+        train_step(trainer, [random_parametric_batch(64, 4, 3, 5)])
     q = net(torch.randn(256, 4), torch.randn(256, 5, 3)).detach()
     assert q.mean().item() == pytest.approx(20.0, rel=0.1)
     assert ((q - 20.0).abs() < 2.0).all()
@@ -160,8 +161,8 @@ def test_accumulation_equals_one_big_batch() -> None:
     accum = _trainer(copy.deepcopy(net), minibatches_per_step=2, **hp)
     for _ in range(3):
         batch = random_parametric_batch(32, 3, 2, 4)
-        big.train_step([batch])
-        accum.train_step([slice_batch(batch, 0, 16), slice_batch(batch, 16, 32)])
+        train_step(big, [batch])
+        train_step(accum, [slice_batch(batch, 0, 16), slice_batch(batch, 16, 32)])
     for a, b in zip(big.online.parameters(), accum.online.parameters(), strict=True):
         torch.testing.assert_close(a, b, rtol=0, atol=1e-6)
 
@@ -169,11 +170,11 @@ def test_accumulation_equals_one_big_batch() -> None:
 def test_state_dict_round_trip() -> None:
     torch.manual_seed(2)
     first = _trainer(ParametricQNetwork(3, 2, [-1, 8, -1], ["relu", "linear"]))
-    first.train_step([random_parametric_batch(8, 3, 2, 3)])
+    train_step(first, [random_parametric_batch(8, 3, 2, 3)])
     second = _trainer(ParametricQNetwork(3, 2, [-1, 8, -1], ["relu", "linear"]))
     second.load_state_dict(copy.deepcopy(first.state_dict()))
     batch = random_parametric_batch(8, 3, 2, 3)
-    first.train_step([batch])
-    second.train_step([batch])
+    train_step(first, [batch])
+    train_step(second, [batch])
     for a, b in zip(first.online.parameters(), second.online.parameters(), strict=True):
         torch.testing.assert_close(a, b, rtol=0, atol=0)

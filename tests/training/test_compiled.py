@@ -1,7 +1,7 @@
 """`training/compiled.py`'s `CompiledApply` on the CPU (on CUDA it runs inside the captured
 graph: `test_precision.py`'s gpu tests): the compiled optimizer step and soft target
 update train what the eager ones train, and a compile failure falls back to them, with
-torch's fused Adam again."""
+the optimizer as the step plan built it (multi-tensor Adam: nothing switches it)."""
 
 from __future__ import annotations
 
@@ -24,6 +24,7 @@ from reagent_lite.models.traced import ForwardOptions, TracedMLP
 from reagent_lite.trainers import DQNHyperParams, ParametricDQNTrainer
 from reagent_lite.trainers.common import DQNLoss
 from reagent_lite.trainers.dqn import DQNTrainer
+from reagent_lite.trainers.optim import OptimizerKernel
 from reagent_lite.training.compiled import (
     CompiledApply,
     CompiledLoss,
@@ -32,7 +33,10 @@ from reagent_lite.training.compiled import (
 )
 from reagent_lite.training.sources import LazyBatch
 from tests.config.conftest import minimal_dqn
-from tests.trainers.helpers import random_discrete_batch, random_parametric_batch
+from tests.trainers.helpers import random_discrete_batch, random_parametric_batch, train_step
+
+# What the step plan builds Adam as for a compiled update (on CUDA capturable too).
+MULTI_TENSOR = OptimizerKernel(foreach=True)
 
 
 def _pair() -> tuple[DQNTrainer, DQNTrainer]:
@@ -41,13 +45,20 @@ def _pair() -> tuple[DQNTrainer, DQNTrainer]:
     hp = DQNHyperParams(learning_rate=1e-2, target_update_rate=0.1, l2_decay=1e-3)
     eager = DQNTrainer(copy.deepcopy(net), hp, n_actions=3)
     other = DQNTrainer(copy.deepcopy(net), hp, n_actions=3)
+    for trainer in (eager, other):
+        trainer.build_optimizer(MULTI_TENSOR)
     return eager, other
+
+
+def _kernel(trainer: DQNTrainer) -> tuple[bool, bool]:
+    group = trainer.optimizer.param_groups[0]
+    return bool(group["fused"]), bool(group["foreach"])
 
 
 def _train(trainer: DQNTrainer, apply: CompiledApply | None, steps: int = 6) -> None:
     torch.manual_seed(1)
     for _ in range(steps):
-        trainer.train_step([random_discrete_batch(32, 4, 3)], apply=apply)
+        train_step(trainer, [random_discrete_batch(32, 4, 3)], apply=apply)
 
 
 def _weights(trainer: DQNTrainer) -> list[torch.Tensor]:
@@ -57,7 +68,6 @@ def _weights(trainer: DQNTrainer) -> list[torch.Tensor]:
 def test_compiled_update_trains_what_the_eager_update_trains() -> None:
     eager, compiled = _pair()
     apply = CompiledApply(compiled.optimizer, compiled.apply_update, "optimizer step")
-    assert not compiled.optimizer.param_groups[0]["fused"]  # the multi-tensor form, compiled
     _train(eager, None)
     _train(compiled, apply)
     assert not apply.failed and apply.compile_s > 0
@@ -66,7 +76,7 @@ def test_compiled_update_trains_what_the_eager_update_trains() -> None:
         torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-6)  # online and target nets
 
 
-def test_a_compile_failure_falls_back_to_the_fused_eager_update() -> None:
+def test_a_compile_failure_falls_back_to_the_eager_update_with_the_optimizer_as_built() -> None:
     import torch._inductor.config as inductor
 
     eager, other = _pair()
@@ -75,19 +85,19 @@ def test_a_compile_failure_falls_back_to_the_fused_eager_update() -> None:
         apply = CompiledApply(other.optimizer, other.apply_update, "optimizer step")
         _train(other, apply)
     torch._dynamo.reset()
-    assert apply.describe().startswith("optimizer step eager (compile failed: ")
-    assert other.optimizer.param_groups[0]["fused"]  # torch's fused kernel again
+    assert apply.describe().startswith("optimizer step eager, optimizer as built (compile failed: ")
+    assert _kernel(other) == (False, True)  # not switched: multi-tensor Adam runs eagerly
     _train(eager, None)
     for a, b in zip(_weights(eager), _weights(other), strict=True):
         assert torch.equal(a, b)
 
 
-def test_give_up_means_the_fused_eager_update_from_then_on() -> None:
+def test_give_up_means_the_eager_update_from_then_on() -> None:
     eager, other = _pair()
     apply = CompiledApply(other.optimizer, other.apply_update, "optimizer step")
     apply.give_up("the step is not captured")
-    assert other.optimizer.param_groups[0]["fused"]
-    assert apply.describe() == "optimizer step eager (the step is not captured)"
+    assert _kernel(other) == (False, True)
+    assert apply.describe() == "optimizer step eager, optimizer as built (the step is not captured)"
     _train(other, apply)
     _train(eager, None)
     assert apply.compile_s == 0.0  # never compiled
@@ -102,7 +112,7 @@ def _agree_worker(rank: int, init: str, out: str) -> None:
     from reagent_lite.distributed.context import DistContext
     from reagent_lite.training.graphs import GraphStep
     from reagent_lite.training.sources import ResidentRows
-    from reagent_lite.training.update import Update
+    from reagent_lite.training.update import Averaging, StepKernels, build_update
 
     dist.init_process_group("gloo", init_method=init, rank=rank, world_size=2)
     try:
@@ -114,13 +124,19 @@ def _agree_worker(rank: int, init: str, out: str) -> None:
         apply = CompiledApply(trainer.optimizer, trainer.apply_update, "optimizer step")
         if rank == 1:  # this rank's compilation "failed"
             apply.give_up("compile failed: simulated")
-        update = Update(trainer, None, torch.zeros(()), precision="fp32", apply=apply)
+        update = build_update(
+            trainer,
+            None,
+            torch.zeros(()),
+            precision="fp32",
+            kernels=StepKernels(apply=apply),
+            averaging=Averaging(ctx, "auto"),
+        )
         source = ResidentRows(
             {"state": torch.zeros(8, 4)}, None, EpochSampler(8, 4, 2, seed=0), 1, 2, 4
         )
-        GraphStep(update, source, ctx, "auto")._agree_on_compiled_updates()
-        fused = bool(trainer.optimizer.param_groups[0]["fused"])
-        torch.save((apply.failed, fused), f"{out}/rank{rank}.pt")
+        GraphStep(update, source, ctx)._agree_on_compiled_updates()
+        torch.save((apply.failed, _kernel(trainer)), f"{out}/rank{rank}.pt")
         dist.barrier()
     finally:
         dist.destroy_process_group()
@@ -130,15 +146,16 @@ def test_ranks_agree_to_run_the_eager_update_when_one_rank_failed_to_compile(
     tmp_path: Path,
 ) -> None:
     """Over several ranks the optimizer arithmetic must be the same on all: one rank's
-    compile failure turns every rank's update eager (fused Adam) before capture."""
+    compile failure turns every rank's update eager before capture (the optimizer as
+    built: multi-tensor Adam on every rank)."""
     import torch.multiprocessing as mp
 
     init = (tmp_path / "store").as_uri()
     mp.start_processes(_agree_worker, args=(init, str(tmp_path)), nprocs=2, start_method="spawn")
     got = [torch.load(tmp_path / f"rank{r}.pt") for r in range(2)]
     assert got == [
-        ("compile failed on another rank", True),
-        ("compile failed: simulated", True),
+        ("compile failed on another rank", (False, True)),
+        ("compile failed: simulated", (False, True)),
     ]
 
 

@@ -137,15 +137,16 @@ def test_error_in_training_mid_epoch_stops_the_chunk_worker(
     wf = Workflow("dqn", _cfg(data, tmp_path / "out"), DistContext.single("cpu"))
     try:
         wf.setup()
-        step, calls = wf.trainer.train_step, [0]
+        update = wf.step_runner().update
+        step, calls = update.q_step, [0]
 
-        def failing(batches: Any, grad_sync: Any = None, **kw: Any) -> Any:
+        def failing(batches: Any) -> Any:
             calls[0] += 1
             if calls[0] == 5:
                 raise RuntimeError("training failed")
-            return step(batches, grad_sync, **kw)
+            return step(batches)
 
-        monkeypatch.setattr(wf.trainer, "train_step", failing)
+        monkeypatch.setattr(update, "q_step", failing)
         with pytest.raises(RuntimeError, match="training failed"):
             wf.train()
         assert _prefetch_workers()  # the epoch's stream is still open here

@@ -12,10 +12,11 @@ import torch
 from reagent_lite.config.models import StepPlanParameters, StepVariants
 from reagent_lite.models.mlp import MLP
 from reagent_lite.models.parametric import ParametricQNetwork
+from reagent_lite.trainers.optim import OptimizerKernel
 from reagent_lite.training.compiled import forward_options
 from reagent_lite.training.host_memory import HostMemory
 from reagent_lite.training.metrics import read_metrics
-from reagent_lite.training.step_plan import StepPlan, asked
+from reagent_lite.training.step_plan import StepPlan, StepShape, asked, step_shape
 from tests.training.runs import run_workflow, tiny_dqn_config
 
 KEYS = [
@@ -161,3 +162,55 @@ def test_the_deprecated_gradient_sum_switch_maps_onto_the_plan(
         "training.step_plan.p2p_allreduce in the config instead (auto, on or off); read as "
         "training.step_plan.p2p_allreduce: off"
     ]
+
+
+CUDA = torch.device("cuda", 0)
+
+
+def _shape(device: torch.device, **kw: object) -> StepShape:
+    args: dict[str, object] = {
+        "cuda_graphs": True,
+        "compile": False,
+        "world_size": 1,
+        "backend": "nccl" if device.type == "cuda" else "gloo",
+        "optimizer": "adam",
+        "data_parallel": False,
+    }
+    args.update(kw)
+    return step_shape(device, **args)  # type: ignore[arg-type]
+
+
+def test_the_step_shape_builds_adam_as_the_step_needs() -> None:
+    """Decided once from the config, the device and the ranks (a pure function, so the
+    CUDA choices are tested here without a GPU): eager steps get fused Adam, a graph a
+    capturable one with its lr on the device, a compiled update the multi-tensor form."""
+    eager = OptimizerKernel(fused=True)
+    assert _shape(CPU) == StepShape(False, "", False, False, eager)  # no CUDA: never a graph
+    assert _shape(CUDA, cuda_graphs=False).kernel == eager
+    graph = _shape(CUDA)
+    assert (graph.graph, graph.compiled_update, graph.average_in_graph) == (True, False, False)
+    assert graph.kernel == OptimizerKernel(fused=True, capturable=True, tensor_lr=True)
+    compiled = _shape(CUDA, compile=True, world_size=4)
+    assert (compiled.graph, compiled.compiled_update, compiled.average_in_graph) == (
+        True,
+        True,
+        True,
+    )
+    assert compiled.kernel == OptimizerKernel(foreach=True, capturable=True, tensor_lr=True)
+    assert not _shape(CPU, compile=True).compiled_update  # compiled updates: under a graph
+
+
+@pytest.mark.parametrize(
+    ("kw", "why"),
+    [
+        ({"data_parallel": True}, "the network is wrapped by DataParallel"),
+        ({"world_size": 2, "backend": "gloo"}, "DDP over gloo: only NCCL"),
+        ({"optimizer": "sgd"}, "training.optimizer sgd is not adam/adamw"),
+    ],
+)
+def test_a_blocked_graph_leaves_the_eager_optimizer_and_says_why(
+    kw: dict[str, object], why: str
+) -> None:
+    shape = _shape(CUDA, compile=True, **kw)
+    assert not shape.graph and not shape.compiled_update and shape.why_eager.startswith(why)
+    assert shape.kernel == OptimizerKernel(fused=True)

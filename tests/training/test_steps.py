@@ -267,6 +267,7 @@ def _grad_sync_worker(rank: int, init: str, out: str) -> None:
 
     from reagent_lite.trainers.common import DQNHyperParams
     from reagent_lite.trainers.dqn import DQNTrainer
+    from reagent_lite.training.update import q_step
     from tests.conftest import cpu_rank
 
     ctx = cpu_rank(rank)
@@ -298,7 +299,7 @@ def _grad_sync_worker(rank: int, init: str, out: str) -> None:
             hp = DQNHyperParams(clip_grad_norm=0.5, minibatches_per_step=2)
             trainer = DQNTrainer(ddp, hp, n_actions=2, unwrapped=net)
             # Explicit: what the captured multi-process step does.
-            # the scaled variant (what `Update.averaging_gradients` builds) leaves the
+            # the scaled variant (what `update.Averaging` builds) leaves the
             # 1/world size to the backward's seed and only sums.
             sync = (
                 ctx.gradient_average(
@@ -307,12 +308,9 @@ def _grad_sync_worker(rank: int, init: str, out: str) -> None:
                 if variant != "ddp"
                 else None
             )
+            step = q_step(trainer, sync=sync)
             for _ in range(4):
-                trainer.train_step(
-                    [batch.index(torch.arange(0, 32)), batch.index(torch.arange(32, 64))],
-                    grad_sync=sync,
-                    loss_scale=sync.loss_scale if sync is not None else 1.0,
-                )
+                step([batch.index(torch.arange(0, 32)), batch.index(torch.arange(32, 64))])
             finals.append(torch.cat([p.detach().reshape(-1) for p in net.parameters()]))
         torch.save(finals, f"{out}/rank{rank}.pt")
         # Both ranks done with every collective before either tears the group down: gloo
@@ -324,7 +322,7 @@ def _grad_sync_worker(rank: int, init: str, out: str) -> None:
 
 def test_explicit_grad_all_reduce_equals_ddp(tmp_path: Path) -> None:
     """The gradient averaging the multi-process CUDA graph captures (the context's
-    `gradient_average` as the trainer's `grad_sync`, forwards around the DDP wrapper) is
+    `gradient_average` as the step's own reduction, forwards around the DDP wrapper) is
     DDP's, here over gloo."""
     import torch.multiprocessing as mp
 

@@ -21,19 +21,19 @@ if os.environ.get("WATCH_DDP_DIR"):
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel
 
-    from reagent_lite.trainers.common import QLearningTrainer
+    from reagent_lite.training.update import Update
     from tests.distributed._node import _note_freed
 
     _out = Path(os.environ["WATCH_DDP_DIR"])
     _ddp_init = DistributedDataParallel.__init__
-    _train_step = QLearningTrainer.train_step
+    _train_step = Update.__call__
     _steps = [0]
 
     def _watched_init(self: DistributedDataParallel, *args: Any, **kwargs: Any) -> None:
         _ddp_init(self, *args, **kwargs)
         weakref.finalize(self, _note_freed, _out / f"ddp_freed_rank{dist.get_rank()}")
 
-    def _failing_step(self: QLearningTrainer, *args: Any, **kwargs: Any) -> Any:
+    def _failing_step(self: Update, *args: Any, **kwargs: Any) -> Any:
         _steps[0] += 1
         fail = int(os.environ.get("WATCH_DDP_FAIL_RANK", "-1"))
         after = int(os.environ.get("WATCH_DDP_FAIL_AFTER", "3"))
@@ -43,4 +43,4 @@ if os.environ.get("WATCH_DDP_DIR"):
 
     gc.disable()
     DistributedDataParallel.__init__ = _watched_init  # type: ignore[method-assign]
-    QLearningTrainer.train_step = _failing_step  # type: ignore[method-assign]
+    Update.__call__ = _failing_step  # type: ignore[method-assign]
