@@ -8,6 +8,7 @@ not all over the package. (Developer tools in `benchmarks/` may use more.)
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Sequence
 
 import torch
@@ -101,3 +102,17 @@ def has_one_shot_sum() -> bool:
         return hasattr(torch.ops.symm_mem, "one_shot_all_reduce_out")
     except (AttributeError, RuntimeError):  # pragma: no cover - no symm_mem namespace
         return False
+
+
+def set_autograd_cache(enabled: bool) -> bool:
+    """Turns AOTAutograd's on-disk cache of compiled forward/backward graphs on or off for
+    this process (`torch._functorch.config.enable_autograd_cache`, read when a function is
+    first compiled). False when this torch has no such switch (nothing to turn off)."""
+    try:
+        config = importlib.import_module("torch._functorch.config")
+    except ImportError:
+        return False
+    if not hasattr(config, "enable_autograd_cache"):
+        return False
+    config.enable_autograd_cache = enabled
+    return True

@@ -183,6 +183,7 @@ class StepPlan:
             why = no_compile or self._form_blocker(key) or ("" if applies[key] else _NA[key])
             out[key] = _choice(why)
         out["p2p_allreduce"] = self._p2p(graph, sync)
+        out["compile_cache"] = _choice(self.compile_cache_blocker())
         out["keep_freed_memory"] = self.host_memory.plan()
         out["tf32"] = self._tf32()
         return out
@@ -200,6 +201,18 @@ class StepPlan:
             for name, (key, mode) in asks.items()
             if mode == "on" and choices[key] != "on"
         ]
+
+    def compile_cache_blocker(self) -> str:
+        """Why a compiled step does not use AOTAutograd's on-disk cache ("" when it does:
+        `training.step_plan.compile_cache`, RESULTS.md says what auto is measured on)."""
+        if not self.compile:
+            return "training.compile is false"
+        mode = self.plan.compile_cache
+        if mode == "off":
+            return f"{PLAN}.compile_cache is off"
+        if mode == "auto" and self.device.type == "cuda":
+            return "auto: a compiled CUDA step, measured slower when loaded from the cache"
+        return ""
 
     def _graph_blocker(self, graph: bool, why_eager: str) -> str:
         if self.device.type != "cuda":

@@ -30,6 +30,7 @@ from reagent_lite.data.sampler import EpochSampler, UnionSampler
 from reagent_lite.data.tensordict import TensorDict
 from reagent_lite.distributed.context import DistContext
 from reagent_lite.evaluation.cpe_models import CpeModelTrainer
+from reagent_lite.torch_private import set_autograd_cache
 from reagent_lite.trainers.common import QLearningTrainer
 from reagent_lite.trainers.optim import OptimizerKernel
 from reagent_lite.training.compiled import forward_options
@@ -216,6 +217,19 @@ def build_step_runner(
             data_parallel=isinstance(trainer.q_net, torch.nn.DataParallel),
         )
     why_eager, captured = shape.why_eager, shape.graph
+    plan = StepPlan(
+        device=device,
+        world_size=ctx.world_size,
+        precision=precision,
+        compile=compiled,
+        cuda_graphs=cuda_graphs,
+        variants=step_variants,
+        plan=step_plan,
+        options=options,
+        host_memory=host_memory,
+    )
+    if compiled:  # process-wide, read when the parts below first compile
+        set_autograd_cache(not plan.compile_cache_blocker())
     # The compiled parts once, shared by the eager step and the captured one.
     kernels = StepKernels.build(
         trainer, cpe, compile=compiled, compiled_update=shape.compiled_update, options=options
@@ -235,17 +249,6 @@ def build_step_runner(
             else update
         )
         graph = GraphStep(graph_update, source, ctx)
-    plan = StepPlan(
-        device=device,
-        world_size=ctx.world_size,
-        precision=precision,
-        compile=compiled,
-        cuda_graphs=cuda_graphs,
-        variants=step_variants,
-        plan=step_plan,
-        options=options,
-        host_memory=host_memory,
-    )
     return StepRunner(source, update, graph, why_eager, plan, shape.kernel)
 
 

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import torch._functorch.config as aot_config
 
 from reagent_lite.config import DQNWorkflowConfig, config_from_dict
 from reagent_lite.errors import ConfigError
@@ -57,8 +58,19 @@ def test_compiled_loss_trains_what_the_eager_loss_trains(tmp_path: Path) -> None
     """CPU Inductor: the compiled loss (forward + AOTAutograd backward) equals the eager one
     up to float rounding, CPE side models included, for the parametric kind (candidates)."""
     eager = _workflow(tmp_path, "parametric_dqn", "eager")
-    compiled = _workflow(tmp_path, "parametric_dqn", "compiled", compile=True)
-    a, b = _trained(eager), _trained(compiled)
+    # The compile cache (on by auto on a CPU) asked off: the plan turns torch's switch off
+    # before the first compile, and names it.
+    compiled = _workflow(
+        tmp_path, "parametric_dqn", "compiled", compile=True, step_plan={"compile_cache": "off"}
+    )
+    aot_config.enable_autograd_cache = True
+    try:
+        a, b = _trained(eager), _trained(compiled)
+        assert aot_config.enable_autograd_cache is False
+    finally:
+        aot_config.enable_autograd_cache = True
+    choices = compiled.step_runner().plan()
+    assert choices["compile_cache"] == "off (training.step_plan.compile_cache is off)"
     assert "loss compiled by Inductor" in compiled.step_runner().describe()
     loss = compiled.step_runner().update.loss
     assert loss is not None and not loss.failed and loss.compile_s > 0

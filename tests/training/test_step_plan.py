@@ -27,6 +27,7 @@ KEYS = [
     "pad_first_layer",
     "candidate_kernel",
     "p2p_allreduce",
+    "compile_cache",
     "keep_freed_memory",
     "tf32",
 ]
@@ -51,6 +52,7 @@ def test_a_cpu_run_names_every_choice_once(
         "pad_first_layer": "off (training.compile is false)",
         "candidate_kernel": "off (training.compile is false)",
         "p2p_allreduce": "off (one rank)",
+        "compile_cache": "off (training.compile is false)",
         "tf32": "off (no CUDA: CPU float32 products are IEEE)",
     }
     lines = [m for m in caplog.messages if m.startswith("training step: ")]
@@ -59,7 +61,8 @@ def test_a_cpu_run_names_every_choice_once(
         "; plan: precision fp32, compile off (training.compile is false), graph off (no CUDA), "
         "output_sum off (training.compile is false), pad_first_layer off (training.compile "
         "is false), candidate_kernel off (training.compile is false), p2p_allreduce off (one "
-        f"rank), keep_freed_memory {plan['keep_freed_memory']}, tf32 off (no CUDA: CPU "
+        "rank), compile_cache off (training.compile is false), "
+        f"keep_freed_memory {plan['keep_freed_memory']}, tf32 off (no CUDA: CPU "
         "float32 products are IEEE)"
     ), lines[0]
     assert not [m for m in caplog.messages if "is on but" in m]  # auto: silent
@@ -214,3 +217,51 @@ def test_a_blocked_graph_leaves_the_eager_optimizer_and_says_why(
     shape = _shape(CUDA, compile=True, **kw)
     assert not shape.graph and not shape.compiled_update and shape.why_eager.startswith(why)
     assert shape.kernel == OptimizerKernel(fused=True)
+
+
+def test_the_compile_cache_is_off_by_default_for_a_compiled_cuda_step() -> None:
+    """An AOTAutograd cache entry loaded by a multi-GPU run made its step up to 2.5× slower
+    (benchmarks/RESULTS.md): auto keeps a compiled CUDA step off the cache, a CPU one on."""
+
+    def cache(device: str, compile: bool = True, mode: str = "auto") -> str:
+        dev = torch.device(device)
+        plan = StepPlan(
+            device=dev,
+            world_size=2,
+            precision="bf16",
+            compile=compile,
+            cuda_graphs=True,
+            variants=StepVariants(),
+            plan=StepPlanParameters(compile_cache=mode),  # type: ignore[arg-type]
+            options=forward_options(StepVariants(), torch.device("cpu"), "bf16"),
+            host_memory=HostMemory(False, "left alone"),
+        )
+        return _choice_text(plan.compile_cache_blocker())
+
+    assert (
+        cache("cuda")
+        == "off (auto: a compiled CUDA step, measured slower when loaded from the cache)"
+    )
+    assert cache("cuda", mode="on") == "on"
+    assert cache("cpu") == "on"
+    assert cache("cpu", mode="off") == "off (training.step_plan.compile_cache is off)"
+    assert cache("cuda", compile=False, mode="on") == "off (training.compile is false)"
+
+
+def _choice_text(why_not: str) -> str:
+    return f"off ({why_not})" if why_not else "on"
+
+
+def test_the_autograd_cache_switch_reaches_torch() -> None:
+    import torch._functorch.config as aot_config
+
+    from reagent_lite.torch_private import set_autograd_cache
+
+    before = aot_config.enable_autograd_cache
+    try:
+        assert set_autograd_cache(False) is True
+        assert aot_config.enable_autograd_cache is False
+        assert set_autograd_cache(True) is True
+        assert aot_config.enable_autograd_cache is True
+    finally:
+        aot_config.enable_autograd_cache = before
