@@ -62,7 +62,7 @@ def _lander_controller() -> Callable[[object, np.ndarray], int]:
     # Acrobot logs do not.
     from gymnasium.envs.box2d.lunar_lander import heuristic
 
-    return heuristic  # type: ignore[no-any-return]
+    return heuristic
 
 
 def lunarlander_heuristic(obs: np.ndarray) -> int:
