@@ -89,11 +89,11 @@ def rollout_model(out_dir: Path, episodes: int) -> float:
     return float(result["mean_return"])
 
 
-def play(act: Callable[[np.ndarray], int], episodes: int) -> list[float]:
+def play(act: Callable[[np.ndarray], int], episodes: int, env_id: str = ENV) -> list[float]:
     """Returns of `episodes` greedy episodes, episode e reset with ROLLOUT_SEED + e."""
     import gymnasium as gym
 
-    env = gym.make(ENV)
+    env = gym.make(env_id)
     returns = []
     for ep in range(episodes):
         obs, _ = env.reset(seed=ROLLOUT_SEED + ep)
@@ -116,7 +116,9 @@ def greedy_of(algo: Any) -> Callable[[np.ndarray], int]:
     return lambda obs: int(algo.predict(obs[None])[0])
 
 
-def load_table(path: Path) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+def load_table(
+    path: Path, n_features: int = 6
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """The training table as d3rlpy arrays: observations, actions, rewards, terminals."""
     import pyarrow.compute as pc
     import pyarrow.parquet as pq
@@ -125,7 +127,9 @@ def load_table(path: Path) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarr
 
     table = pq.read_table(path)
     table = table.sort_by([("mdp_id", "ascending"), ("sequence_number", "ascending")])
-    obs = np.nan_to_num(feature_matrix(table.column("state_features"), [str(i) for i in range(6)]))
+    obs = np.nan_to_num(
+        feature_matrix(table.column("state_features"), [str(i) for i in range(n_features)])
+    )
     actions = np.asarray(table.column("action").to_pylist(), dtype=np.int64)
     rewards = table.column("reward").to_numpy().astype(np.float32)
     terminals = pc.list_value_length(table.column("possible_next_actions")).to_numpy() == 0

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import cache
+from types import SimpleNamespace
 from typing import Any, Literal
 
 import numpy as np
@@ -49,10 +51,32 @@ def acrobot_heuristic(obs: np.ndarray) -> int:
     return 2 if obs[5] > 0.0 else 0
 
 
+# gymnasium's LunarLander heuristic reads only `env.unwrapped.continuous` from its env
+# argument: a stand-in lets it run on an observation alone, without the env at hand.
+_DISCRETE_LANDER = SimpleNamespace(unwrapped=SimpleNamespace(continuous=False))
+
+
+@cache
+def _lander_controller() -> Callable[[object, np.ndarray], int]:
+    # Imported on first use: the module needs Box2D (the `gym` extra), which CartPole and
+    # Acrobot logs do not.
+    from gymnasium.envs.box2d.lunar_lander import heuristic
+
+    return heuristic
+
+
+def lunarlander_heuristic(obs: np.ndarray) -> int:
+    """gymnasium's own PID-style lander controller (discrete actions: 0 noop, 1 left
+    engine, 2 main engine, 3 right engine). Lands on most starts (LunarLander-v3 return
+    ≈ +200 or more on average; random play crashes at ≈ −180)."""
+    return int(_lander_controller()(_DISCRETE_LANDER, obs))
+
+
 HEURISTICS: dict[str, Greedy] = {
     "CartPole-v0": cartpole_heuristic,
     "CartPole-v1": cartpole_heuristic,
     "Acrobot-v1": acrobot_heuristic,
+    "LunarLander-v3": lunarlander_heuristic,
 }
 
 
@@ -113,7 +137,14 @@ def log_gym_episodes(
 
     try:
         env = gym.make(env_id, disable_env_checker=True, **(env_kwargs or {}))
-    except gym.error.Error as err:  # unknown id, wrong version, missing extra package
+    except gym.error.DependencyNotInstalled as err:  # Box2D for LunarLander, ...
+        # gymnasium's own hint (its box2d extra) builds box2d-py from source with swig;
+        # ours installs a wheel.
+        raise ValueError(
+            f"env {env_id!r} cannot be made by gymnasium: {err}; "
+            "pip install 'reagent-lite[gym]' installs Box2D from a wheel"
+        ) from err
+    except gym.error.Error as err:  # unknown id, wrong version
         raise ValueError(f"env {env_id!r} cannot be made by gymnasium: {err}") from err
     if not isinstance(env.action_space, spaces.Discrete):
         raise ValueError(f"{env_id}: action space must be Discrete (got {env.action_space})")

@@ -43,3 +43,41 @@ def test_quick_run_prints_one_table_per_mix_and_flags_its_failed_seeds(tmp_path:
             # the same episode seeds as the benchmark at seed 0), and nothing else.
             assert row[4] == row[5], row[0]
     assert "d3rlpy" not in proc.stdout
+
+
+@pytest.mark.bench_smoke
+@pytest.mark.timeout(400)  # two workflow runs (about 40 s on a busy 2-core box)
+def test_quick_lunarlander_run_prints_its_table_and_flags_its_failed_seeds(tmp_path: Path) -> None:
+    """`--env LunarLander-v3`: the LunarLander config and mixes; a seed fails when its median
+    return is below 0, and the run's online check (the same episode seeds) flags it then."""
+    pytest.importorskip("Box2D")
+    proc = run_module(
+        *("benchmarks.robustness", "--env", "LunarLander-v3", "--quick", "--mixes", "heuristic"),
+        *("--out", str(tmp_path / "out")),
+        timeout=380,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    text = proc.stdout.split("LunarLander-v3: mean return", 1)[1]
+    assert "(config lunarlander_dqn.json)" in text
+    body = text.split("\n\nheuristic ({'policy': 'epsilon_greedy', 'epsilon': 0.1,", 1)[1]
+    rows = [ROW.match(line) for line in body.splitlines()[2:] if line.strip()]
+    assert len(rows) == 2 and all(rows), body
+    for row in rows:
+        assert row is not None
+        median = float(row[2])
+        assert (row[4] != "0") == (median < 0.0), row[0]  # one seed: failed iff below 0
+        assert row[4] == row[5], row[0]
+    assert (tmp_path / "out" / "LunarLander-v3" / "heuristic" / "data" / "train.parquet").exists()
+
+
+def test_a_mix_the_env_has_not_is_refused_before_anything_runs(tmp_path: Path) -> None:
+    proc = run_module(
+        *("benchmarks.robustness", "--env", "LunarLander-v3", "--mixes", "random"),
+        *("--out", str(tmp_path / "out")),
+        timeout=60,
+    )
+    assert proc.returncode == 2
+    assert "--mixes: ['random'] are not mixes of LunarLander-v3 (its: ['mix60', 'heuristic'])" in (
+        proc.stderr
+    )
+    assert "Traceback" not in proc.stderr and not (tmp_path / "out").exists()
