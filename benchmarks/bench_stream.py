@@ -472,7 +472,8 @@ def _units_rows(rows: int, r: dict[str, Any]) -> None:
     """The host-only mode's lines (`benchmarks/stream_host.py`): rows/s of the stream and
     of the floors, where its time went, its host memory."""
     rates, spent = r["rates"], r["spent_s"]
-    print(f"| {rows:.0e} | units (host only): stream {rates['stream']:,.0f} rows/s | floors: "
+    print(f"| {rows:.0e} | units (host only): stream {rates['stream']:,.0f} rows/s, "
+          f"{r['stream_per_cpu_s']:,.0f} per CPU-s | floors: "
           f"read {rates['read']:,.0f}, sha256 {rates['sha256']:,.0f}, gather "
           f"{rates['gather']:,.0f} | stream / read {rates['stream'] / rates['read']:.2f} | "
           f"seconds in load {spent.get('load', 0):.2f}, gather {spent.get('gather', 0):.2f}, "

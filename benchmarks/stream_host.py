@@ -16,10 +16,14 @@ one run mean anything), three floors over the same data:
 * `gather`: a window's columns, resident, gathered by a random permutation into the
   staging buffers (`index_select(out=)`: the host cost a resident-on-host run pays).
 
+The stream's rows per CPU-second of the process (all its threads: the background loads
+included) is the figure a loaded box distorts least: the rate a core would give.
+
 And where the stream's time went, summed over the epochs (seconds of wall time of each
 stage, in whatever thread ran it): `load` (a window's units read, `DiskShardStream.load`:
 in the background, hidden when it is faster than the rest), `gather` (a window's rows
-gathered in shuffled order), `stage` (copied into the staging buffers). Host memory: the
+gathered in shuffled order: in the background as the window loads, `disk_stream.shuffled`),
+`stage` (copied into the staging buffers, on the path of every chunk). Host memory: the
 process's RSS before the stream, its peak, and the window size in bytes.
 """
 
@@ -120,6 +124,12 @@ def _gather_floor(window: dict[str, Tensor], buffers: list[dict[str, Tensor]], w
     return done / (time.perf_counter() - t)
 
 
+def _cpu_s() -> float:
+    """CPU seconds of this process, all its threads (the stream's background ones too)."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
 def _rss_mib() -> float:
     for line in Path("/proc/self/status").read_text().splitlines():
         if line.startswith("VmRSS:"):
@@ -138,8 +148,11 @@ def host_only(args: argparse.Namespace, workflow: Callable[..., Any]) -> dict[st
     disk.serial_threads = False  # as on a GPU (DiskStreamed)
     spent: dict[str, float] = {}
     disk.load = _timed(spent, "load", disk.load)
-    gather = disk_stream._Window.gather
-    disk_stream._Window.gather = _timed(spent, "gather", gather)  # type: ignore[method-assign]
+    # The window's rows gathered in shuffled order: as it loads (`shuffled`, inside `load`)
+    # or, before that, chunk by chunk in the prefetcher's thread (`_Window.gather`).
+    for owner, name in ((disk_stream, "shuffled"), (disk_stream._Window, "gather")):
+        if hasattr(owner, name):
+            setattr(owner, name, _timed(spent, "gather", getattr(owner, name)))
     chunk = max(1, DEFAULT_CHUNK_ROWS // step_rows) * step_rows
     chunk = min(chunk, disk.chunk_rows)
     first = disk.load(disk.units[: max(1, disk.window_rows // (disk.units[0].num_rows or 1))])
@@ -154,10 +167,12 @@ def host_only(args: argparse.Namespace, workflow: Callable[..., Any]) -> dict[st
     base = _rss_mib()
     rates: dict[str, list[float]] = {"stream": [], "read": [], "sha256": [], "gather": []}
     spent.clear()
+    per_cpu: list[float] = []
     for epoch in range(args.epochs):
-        t = time.perf_counter()
+        t, cpu = time.perf_counter(), _cpu_s()
         rows = _stream_epoch(disk.epoch_chunks(epoch), buffers, spent)
         rates["stream"].append(rows / (time.perf_counter() - t))
+        per_cpu.append(rows / (_cpu_s() - cpu))
         rates["read"].append(_read_floor(files, rows_per_file, rows, buf))
         rates["sha256"].append(_sha_floor(files, rows_per_file, rows // 4))
         rates["gather"].append(_gather_floor(first, buffers, rows))
@@ -165,6 +180,7 @@ def host_only(args: argparse.Namespace, workflow: Callable[..., Any]) -> dict[st
     out = {
         "rates": {k: statistics.median(v[1:] or v) for k, v in rates.items()},
         "epochs": rates,
+        "stream_per_cpu_s": statistics.median(per_cpu[1:] or per_cpu),
         "spent_s": spent,
         "rows_per_epoch": disk.rows_per_epoch,
         "row_bytes": row_bytes,
