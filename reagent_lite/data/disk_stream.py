@@ -114,8 +114,9 @@ def shuffled(columns: dict[str, Tensor], order: Tensor, threads: int) -> dict[st
     for rows of several values: 2-5x slower) and releases the GIL; with `threads` > 1 each
     column's rows are split between that many threads."""
     idx = order.numpy()
-    src = {k: v.numpy() for k, v in columns.items()}
-    dst = {k: np.empty_like(v) for k, v in src.items()}
+    no_numpy = (torch.bfloat16, torch.complex32)  # dtypes numpy has no match for
+    src = {k: v.numpy() for k, v in columns.items() if v.dtype not in no_numpy}
+    dst = {k: np.empty(v.shape, v.dtype) for k, v in src.items()}
     bounds = np.linspace(0, len(idx), max(1, threads) + 1).astype(int).tolist()
     parts = [(k, lo, hi) for k in src for lo, hi in itertools.pairwise(bounds)]
 
@@ -124,7 +125,10 @@ def shuffled(columns: dict[str, Tensor], order: Tensor, threads: int) -> dict[st
         np.take(src[k], idx[lo:hi], axis=0, out=dst[k][lo:hi])
 
     in_order(take, len(parts), threads)
-    return {k: torch.from_numpy(v) for k, v in dst.items()}
+    return {
+        k: torch.from_numpy(dst[k]) if k in dst else v.index_select(0, order)
+        for k, v in columns.items()
+    }
 
 
 @dataclass

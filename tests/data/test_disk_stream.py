@@ -132,12 +132,15 @@ def test_shuffled_is_index_select_of_every_column(threads: int) -> None:
         "x": torch.randn(101, 3, 2, generator=g),
         "b": torch.rand(101, 4, generator=g) > 0.5,
         "i": torch.randint(0, 9, (101,), generator=g),
+        "h": torch.randn(101, 2, generator=g).to(torch.bfloat16),  # no numpy dtype
+        "t": torch.randn(2, 101, generator=g).t(),  # not contiguous
     }
     order = torch.randperm(101, generator=g)
     got = disk_stream.shuffled(dict(columns), order, threads)
     assert list(got) == list(columns)
     for k, v in columns.items():
         assert torch.equal(got[k], v.index_select(0, order)), k
+        assert got[k].is_contiguous(), k
 
 
 def test_directory_of_parts_sharded_by_rank(tmp_path: Path) -> None:
