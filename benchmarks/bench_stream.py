@@ -477,7 +477,8 @@ def _units_rows(rows: int, r: dict[str, Any]) -> None:
           f"read {rates['read']:,.0f}, sha256 {rates['sha256']:,.0f}, gather "
           f"{rates['gather']:,.0f} | stream / read {rates['stream'] / rates['read']:.2f} | "
           f"seconds in load {spent.get('load', 0):.2f}, gather {spent.get('gather', 0):.2f}, "
-          f"stage {spent.get('stage', 0):.2f} | {r['row_bytes']:.0f} B/row, window "
+          f"stage {spent.get('stage', 0):.2f}; whole window loads {spent.get('window', 0):.2f} | "
+          f"{r['row_bytes']:.0f} B/row, window "
           f"{r['window_mib']:.0f} MiB, staging {r['staging_mib']:.0f} MiB, RSS "
           f"{r['rss_before_stream_mib']:,.0f} → peak {r['peak_rss_mib']:,.0f} MiB |", flush=True)  # fmt: skip
     print("  epochs: " + "; ".join(f"{k} " + " ".join(f"{x:,.0f}" for x in v)
