@@ -278,6 +278,11 @@ def child(args: argparse.Namespace) -> None:
     if args.mode == "pair":
         pair(args)
         return
+    if args.mode == "units":
+        from benchmarks.stream_host import host_only
+
+        print("RESULT " + json.dumps(host_only(args, _workflow)), flush=True)
+        return
     wf = _workflow(args, args.mode, args.out)
     base = _rss_mib()
     t0 = time.perf_counter()
@@ -421,6 +426,9 @@ def main() -> None:
                 if mode == "pair":
                     _pair_row(rows, run_child(data, "pair", args))
                     continue
+                if mode == "units":
+                    _units_rows(rows, run_child(data, "units", args))
+                    continue
                 if mode == "prepared" and round_ == 0:  # a first run prepares, later ones read
                     shutil.rmtree(Path(args.root) / "prepared", ignore_errors=True)
                     _row(rows, "prepare", run_child(data, "prepare", args), resident)
@@ -458,6 +466,23 @@ def _pair_row(rows: int, r: dict[str, Any]) -> None:
     print(f"| {rows:.0e} | pair: resident {res:,.0f}, prepared {st:,.0f} (best epochs) | "
           f"{st / res:.2f} | epochs resident/streamed {each} | threads the stream started "
           f"training, besides its own: {r['stream_threads']} |", flush=True)  # fmt: skip
+
+
+def _units_rows(rows: int, r: dict[str, Any]) -> None:
+    """The host-only mode's lines (`benchmarks/stream_host.py`): rows/s of the stream and
+    of the floors, where its time went, its host memory."""
+    rates, spent = r["rates"], r["spent_s"]
+    print(f"| {rows:.0e} | units (host only): stream {rates['stream']:,.0f} rows/s, "
+          f"{r['stream_per_cpu_s']:,.0f} per CPU-s | floors: "
+          f"read {rates['read']:,.0f}, sha256 {rates['sha256']:,.0f}, gather "
+          f"{rates['gather']:,.0f} | stream / read {rates['stream'] / rates['read']:.2f} | "
+          f"seconds in load {spent.get('load', 0):.2f}, gather {spent.get('gather', 0):.2f}, "
+          f"stage {spent.get('stage', 0):.2f}; whole window loads {spent.get('window', 0):.2f} | "
+          f"{r['row_bytes']:.0f} B/row, window "
+          f"{r['window_mib']:.0f} MiB, staging {r['staging_mib']:.0f} MiB, RSS "
+          f"{r['rss_before_stream_mib']:,.0f} → peak {r['peak_rss_mib']:,.0f} MiB |", flush=True)  # fmt: skip
+    print("  epochs: " + "; ".join(f"{k} " + " ".join(f"{x:,.0f}" for x in v)
+                                   for k, v in r["epochs"].items()), flush=True)  # fmt: skip
 
 
 def _units(r: dict[str, Any]) -> str:

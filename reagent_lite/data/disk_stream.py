@@ -8,9 +8,11 @@ steps per epoch is known, and equal on every rank, before any row is read.
 Each epoch the rank visits its units in an order drawn from (seed, rank, epoch, pass),
 packs consecutive units into windows of at most `window_rows` rows (a single larger row
 group is a window of its own), loads a window through the streaming ingest (same
-validation, tensorization and in-place normalization as the resident path), shuffles the
-window's rows and hands them out in chunks of whole steps while a background thread loads
-the next window. Rows that do not fill a whole step at the end of a window are carried
+validation, tensorization and in-place normalization as the resident path), gathers the
+window's rows in a shuffled order once, in that background thread (`shuffled`), and hands
+them out in chunks of whole steps — slices of it, no copy — while the next window loads.
+Gathering each chunk as it was handed out put the gather on the path of every step: on a
+GPU the chunk prefetcher's thread gathered, then copied into pinned memory (issue 39). Rows that do not fill a whole step at the end of a window are carried
 into the next one; when the epoch needs more steps than the shard holds (a shorter shard
 than the largest), a fresh pass with a new unit order follows, as `EpochSampler` wraps.
 
@@ -27,25 +29,27 @@ The trade-off: shuffling is window-local. A minibatch only mixes rows of the few
 in its window, so row groups that each hold one slice of the data (one day, one episode
 range) give batches less diverse than a full shuffle; smaller row groups and a larger
 window bring it closer to a full shuffle. Peak memory is at most about three windows (the
-one being trained on, the next one being loaded, and the chunk gathered from the current
-one), whatever the shard's size; loading holds, besides the window's arrays, the Arrow
-data of the row groups being decoded (one per loading thread).
+one being trained on, the next one being loaded and its shuffled copy), whatever the
+shard's size; loading holds, besides the window's arrays, the Arrow data of the row groups
+being decoded (one per loading thread).
 
 The stream's threads run torch on one OpenMP thread (`one_omp_thread`: a window's row
-order, its gathers, its load). A parallel op there would start a second OpenMP team that
+order, its load, the carried rows' concatenation) and gather a window on one thread. A parallel op there would start a second OpenMP team that
 lives as long as the thread; with more OpenMP threads than cores, libgomp stops spinning
 between parallel regions in *every* team, the training thread's included, so each of a
 small step's dozens of ops waits for its worker thread to wake up. That, not the data, was
 what made dqn streamed from prepared units run at a quarter of resident speed on a quiet
 2-core CPU (issue 41; on a loaded box it goes the other way: spinning then wastes cores).
 A run that trains on a GPU sets `serial_threads` off: its training thread runs no OpenMP
-team to disturb, and a window's host gathers are faster on every core (on an H200 host,
-parametric streaming fell from 0.45x to 0.32x of resident with them serial).
+team to disturb, and a window's host work is faster on several cores (on an H200 host,
+parametric streaming fell from 0.45x to 0.32x of resident with it serial); a window is
+then gathered on `load_threads()` threads.
 """
 
 from __future__ import annotations
 
 import contextlib
+import itertools
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -57,6 +61,7 @@ import torch
 from torch import Tensor
 
 from reagent_lite.data.readers import ShardPiece
+from reagent_lite.data.windows import in_order, load_threads
 from reagent_lite.errors import DataError
 
 if TYPE_CHECKING:
@@ -103,15 +108,41 @@ def _cat(a: dict[str, Tensor], b: dict[str, Tensor], serial: bool) -> dict[str, 
         return {c: torch.cat([a[c], b[c]]) for c in a}
 
 
+def shuffled(columns: dict[str, Tensor], order: Tensor, threads: int) -> dict[str, Tensor]:
+    """`columns`' rows in `order`, gathered once as the window loads (in the background).
+    numpy's `take` copies a row per index (torch's `index_select` goes element by element
+    for rows of several values: 2-5x slower) and releases the GIL; with `threads` > 1 each
+    column's rows are split between that many threads."""
+    idx = order.numpy()
+    no_numpy = (torch.bfloat16, torch.complex32)  # dtypes numpy has no match for
+    src = {k: v.numpy() for k, v in columns.items() if v.dtype not in no_numpy}
+    dst = {k: np.empty(v.shape, v.dtype) for k, v in src.items()}
+    bounds = np.linspace(0, len(idx), max(1, threads) + 1).astype(int).tolist()
+    parts = [(k, lo, hi) for k in src for lo, hi in itertools.pairwise(bounds)]
+
+    def take(i: int) -> None:
+        k, lo, hi = parts[i]
+        np.take(src[k], idx[lo:hi], axis=0, out=dst[k][lo:hi])
+
+    in_order(take, len(parts), threads)
+    return {
+        k: torch.from_numpy(dst[k]) if k in dst else v.index_select(0, order)
+        for k, v in columns.items()
+    }
+
+
 @dataclass
 class _Window:
-    columns: dict[str, Tensor]
-    order: Tensor  # a permutation of the window's rows
-    serial: bool = True  # its gathers on one OpenMP thread (`one_omp_thread`)
+    columns: dict[str, Tensor]  # its rows, already in their shuffled order (`shuffled`)
+    serial: bool = True  # its concatenations on one OpenMP thread (`one_omp_thread`)
 
-    def gather(self, idx: Tensor) -> dict[str, Tensor]:
-        with one_omp_thread(self.serial):  # in the prefetcher's thread
-            return {k: v.index_select(0, idx) for k, v in self.columns.items()}
+    @property
+    def num_rows(self) -> int:
+        return int(next(iter(self.columns.values())).shape[0]) if self.columns else 0
+
+    def rows(self, lo: int, hi: int | None = None) -> dict[str, Tensor]:
+        """Its rows lo..hi: views, no copy (the window is never written after loading)."""
+        return {k: v[lo:hi] for k, v in self.columns.items()}
 
 
 class DiskShardStream:
@@ -196,9 +227,13 @@ class DiskShardStream:
                 int(_rng(self.seed, self.rank, epoch, 1, k).integers(1 << 62))
             )
             order = torch.randperm(n, generator=g)
+            # Shuffled here, in the background, once: chunks are then slices of it. Gathering
+            # each chunk in the chunk prefetcher's thread put the gather on the path of every
+            # step (issue 39). Serial threads: one gathering thread, as for the rest.
+            columns = shuffled(columns, order, 1 if self.serial_threads else load_threads())
         with self._lock:
             self.windows_loaded += 1
-        return _Window(columns, order, self.serial_threads)
+        return _Window(columns, self.serial_threads)
 
     def _start(self, epoch: int) -> tuple[Iterator[list[ShardPiece]], Future[_Window]]:
         """The epoch's windows and the load of its first one (prefetched at the end of the
@@ -225,7 +260,7 @@ class DiskShardStream:
                 assert pending is not None
                 win = pending.result()
                 k += 1
-                n = int(win.order.numel())
+                n = win.num_rows
                 pending = self._load_next(epoch, windows, k, last=n + left.carried >= left.rows)
                 if n == 0:
                     empty_run += 1
@@ -258,11 +293,11 @@ class DiskShardStream:
         """A window's rows as chunks of whole steps (at most `chunk_rows`, and no more than
         the epoch still needs): the rows carried from the last window first, topped up to
         a step; rows short of a step at the end are carried into the next window."""
-        step, n, pos = self.step_rows, int(win.order.numel()), 0
+        step, n, pos = self.step_rows, win.num_rows, 0
         if left.carry is not None:
             have = left.carried
             take = min(step - have, n)
-            left.carry = _cat(left.carry, win.gather(win.order[:take]), win.serial)
+            left.carry = _cat(left.carry, win.rows(0, take), win.serial)
             pos = take
             if have + take == step:
                 chunk, left.carry = left.carry, None
@@ -271,10 +306,10 @@ class DiskShardStream:
         while left.rows > 0 and n - pos >= step:
             rows = min(self.chunk_rows, (n - pos) // step * step, left.rows)
             left.rows -= rows
-            yield win.gather(win.order[pos : pos + rows]), rows
+            yield win.rows(pos, pos + rows), rows
             pos += rows
         if left.rows > 0 and pos < n:
-            rest = win.gather(win.order[pos:])
+            rest = {k: v.clone() for k, v in win.rows(pos).items()}  # not the whole window
             left.carry = rest if left.carry is None else _cat(left.carry, rest, win.serial)
 
     def close(self) -> None:

@@ -36,7 +36,8 @@ flushed to disk and renamed over its final name, so a prepare killed midway leav
 a stray `.*.tmp` file, never a file that reads as valid. Nothing read back is trusted
 (`data/prepared_format.py`): the header must be whole, of this key, match its checksum and
 declare only plain numeric/bool columns inside the file, and every column's bytes are
-hashed as they are read against the SHA-256 written with them; a file that fails is
+hashed as they are read against the SHA-256 written with them (once per run while the
+file stays the same: `prepared_format.FileId`); a file that fails is
 refused with a warning naming it and its unit prepared again. Ranks, nodes or jobs preparing the same unit at once each
 write their own temporary file and the last rename wins; their contents are identical.
 """
@@ -60,7 +61,14 @@ import pyarrow.parquet as pq
 import torch
 from torch import Tensor
 
-from reagent_lite.data.prepared_format import FORMAT, Tampered, read_header, read_into
+from reagent_lite.data.prepared_format import (
+    FORMAT,
+    FileId,
+    Tampered,
+    file_id,
+    read_header,
+    read_into,
+)
 from reagent_lite.data.prepared_format import read_arrays as read_arrays  # for callers
 from reagent_lite.data.prepared_format import write_arrays as write_arrays
 from reagent_lite.data.readers import ShardPiece, parquet_file
@@ -202,8 +210,9 @@ class PreparedUnits:
         self._keys: dict[ShardPiece, str] = {}  # a unit's source digest, once per run
         self._files: dict[Path, tuple[pq.FileMetaData, int, bytes]] = {}  # file_facts
         # A unit's checked header, with the identity of the file it was read from.
-        self._headers: dict[ShardPiece, tuple[_FileId, _Part]] = {}
+        self._headers: dict[ShardPiece, tuple[FileId, _Part]] = {}
         self.headers_read = 0  # headers parsed and checked (not taken from `_headers`)
+        self.bytes_checked = 0  # units whose bytes were hashed as they were read
         self._lock = threading.Lock()
         self.reused = self.prepared = 0  # units, counted as windows open them
         self.writable = self._make_directory(blob)
@@ -254,7 +263,7 @@ class PreparedUnits:
         seen = self._headers.get(unit)
         if seen is not None and seen[0] == _file_id(path):
             # The same file as when its header was checked: only its arrays are read again
-            # (and hashed as they are read, so changed bytes are still caught). Parsing and
+            # (hashed again if the file changed since they were: `read_into`). Parsing and
             # checking a header holds the GIL: every epoch, for every unit, it capped
             # streaming well below resident speed.
             with self._lock:
@@ -293,7 +302,9 @@ class PreparedUnits:
         """`part`'s arrays into `out`; a file whose bytes fail their checksums (changed
         after its header was read) is prepared again and its fresh arrays used."""
         try:
-            part.fill(out)
+            if part.fill(out):
+                with self._lock:
+                    self.bytes_checked += 1
         except Tampered as e:
             log.warning("stream_prepare: %s; preparing it again", e)
             self._headers.pop(unit, None)
@@ -317,16 +328,11 @@ class PreparedUnits:
         return {k: torch.from_numpy(v) for k, v in window.items()}
 
 
-# (device, inode, size, modification time in ns): a file replaced or rewritten differs.
-_FileId = tuple[int, int, int, int]
-
-
-def _file_id(path: Path) -> _FileId | None:
+def _file_id(path: Path) -> FileId | None:
     try:
-        st = os.stat(path)
+        return file_id(os.stat(path))
     except OSError:
         return None
-    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
 
 
 @dataclass
@@ -338,6 +344,7 @@ class _Part:
     columns: list[dict[str, Any]] = field(default_factory=list)
     start: int = 0
     arrays: dict[str, np.ndarray] | None = None
+    verified: FileId | None = None  # the file whose bytes were last read and checked
 
     @property
     def rows(self) -> int:
@@ -351,10 +358,12 @@ class _Part:
             return {k: (a.dtype, a.shape[1:]) for k, a in self.arrays.items()}
         return {c["name"]: (np.dtype(c["dtype"]), tuple(c["shape"][1:])) for c in self.columns}
 
-    def fill(self, out: dict[str, np.ndarray]) -> None:
+    def fill(self, out: dict[str, np.ndarray]) -> bool:
+        """Its arrays into `out`; whether bytes read from its file were hashed."""
         if self.arrays is not None:
             for k, a in self.arrays.items():
                 out[k][...] = a
-        else:
-            assert self.path is not None
-            read_into(self.path, self.columns, self.start, out)
+            return False
+        assert self.path is not None
+        self.verified, hashed = read_into(self.path, self.columns, self.start, out, self.verified)
+        return hashed

@@ -7,7 +7,11 @@ again) unless every column has a plain little-endian numeric or bool dtype from 
 list — never an object dtype, whose "values" would be raw bytes read as pointers — lies
 inside the file and matches the header's own SHA-256; and each column's bytes are hashed
 as they are read and compared with the SHA-256 written for them (`Tampered` on a
-mismatch). The checksums catch a changed, truncated or corrupted file; someone who can
+mismatch) — the first time a process reads the file, and again whenever the file it opens
+is not that one unchanged (`FileId`: device, inode, size, modification and change times;
+a write in place moves the change time, which no file owner can set back). Hashing every
+read cost the loading threads more CPU than reading (issue 39). The checksums catch a
+changed, truncated or corrupted file; someone who can
 write the cache can also forge matching checksums, but never make the loader run code or
 read out of bounds — only give it wrong numbers, as they could by editing the data.
 """
@@ -176,17 +180,39 @@ def read_arrays(path: Path, key: str) -> dict[str, np.ndarray] | None:
     return out
 
 
+# (device, inode, size, modification time, change time; times in ns) of an open file: one
+# replaced, rewritten, cut or written in place differs.
+FileId = tuple[int, int, int, int, int]
+
+
+def file_id(st: os.stat_result) -> FileId:
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+
+
 def read_into(
-    path: Path, columns: list[dict[str, Any]], start: int, out: Mapping[str, np.ndarray]
-) -> None:
+    path: Path,
+    columns: list[dict[str, Any]],
+    start: int,
+    out: Mapping[str, np.ndarray],
+    verified: FileId | None = None,
+) -> tuple[FileId | None, bool]:
     """The arrays of `path` (`read_header`'s `columns` and `start`) copied into `out`
     (C-contiguous, of their dtypes and shapes): one read per column straight from the
-    page cache, no mapping to fault in. `Tampered` when the bytes read are not the ones
-    written (hashed here, so a file changed after its header was read is caught too)."""
+    page cache, no mapping to fault in. The bytes are hashed as they are read (`Tampered`
+    when they are not the ones written, so a file changed after its header was read is
+    caught too) unless the file opened is `verified`: the identity of one whose bytes were
+    read and checked before, unchanged since. Returns the identity to pass next time (None
+    when the file changed while being read) and whether the bytes were hashed."""
     with path.open("rb", buffering=0) as f:
+        opened = file_id(os.fstat(f.fileno()))
+        check = verified is None or opened != verified
         for col in columns:
             dest = out[col["name"]].data.cast("B")
             f.seek(start + col["at"])
             if f.readinto(dest) != dest.nbytes:
                 raise Tampered(f"{path}: a prepared unit was cut short while being read")
-            _check(path, col, dest)
+            if check:
+                _check(path, col, dest)
+        if check and file_id(os.fstat(f.fileno())) != opened:
+            return None, check
+    return opened, check

@@ -36,3 +36,21 @@ def test_pair_runs_resident_and_streamed_in_one_process(tmp_path: Path) -> None:
     assert all(r > 0 for r in result["resident"] + result["streamed"])
     assert "streamed from disk" in result["data"] and "prepared units" in result["data"]
     assert result["stream_threads"] == 0
+
+
+def test_units_mode_streams_the_host_side_alone_beside_its_floors(tmp_path: Path) -> None:
+    """`--modes units`: the prepared stream's producer with no training step, each floor of
+    the same data, where its time went and its memory, from a real child process."""
+    data = make_table(tmp_path / "t.parquet", 6000, row_group=500)
+    args = Namespace(
+        root=str(tmp_path), device="cpu", batch=100, steps=20, epochs=3, window=2000,
+        kind="dqn", layers="16,16", timeout=300,
+    )  # fmt: skip
+    result = run_child(data, "units", args)
+    assert set(result["rates"]) == {"stream", "read", "sha256", "gather"}
+    assert all(len(v) == 3 and min(v) > 0 for v in result["epochs"].values())
+    assert result["rows_per_epoch"] == 2000 and result["stream_per_cpu_s"] > 0
+    assert all(result["spent_s"][k] > 0 for k in ("load", "gather", "stage", "window"))
+    assert result["row_bytes"] > 40 and result["window_mib"] > 0
+    assert result["peak_rss_mib"] >= result["rss_before_stream_mib"] > 0
+    assert "prepared units" in result["data"]

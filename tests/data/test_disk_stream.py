@@ -14,6 +14,7 @@ import pytest
 import torch
 from torch import Tensor
 
+from reagent_lite.data import disk_stream
 from reagent_lite.data.disk_stream import DiskShardStream
 from reagent_lite.data.readers import ShardPiece, read_table
 from reagent_lite.data.schema import STATE_COLUMNS
@@ -97,6 +98,49 @@ def test_several_passes_when_steps_exceed_the_shard(tmp_path: Path) -> None:
     assert len(got) == 600
     for p in range(3):
         np.testing.assert_array_equal(np.sort(got[p * 200 : (p + 1) * 200]), want)
+
+
+def test_chunks_are_slices_of_each_window_shuffled_once_as_it_loads(tmp_path: Path) -> None:
+    """An epoch is each window's rows in the order drawn from (seed, rank, epoch, window),
+    gathered once as the window loads (in the background): its chunks are slices of that
+    window, no gather on the way of a step (issue 39); a row carried to the next window is
+    a copy, not a view that would keep the whole window alive."""
+    path = write(tmp_path / "t.parquet", rows(500), 40)
+    stream = _stream(path, 0, 1, 200, seed=5)
+    stream.configure(step_rows=30, steps_per_epoch=10)
+    chunks = list(stream.epoch_chunks(2))
+    windows = stream.windows(2)
+    want = []
+    for k in range(3):  # 300 rows: the first windows of the epoch
+        window = _stream(path, 0, 1, 200).load(next(windows))["reward"]
+        seed = int(disk_stream._rng(5, 0, 2, 1, k).integers(1 << 62))
+        want.append(
+            window[torch.randperm(len(window), generator=torch.Generator().manual_seed(seed))]
+        )
+    got = torch.cat([c["reward"] for c, _ in chunks])
+    assert torch.equal(got, torch.cat(want)[:300])
+    first = chunks[0][0]["reward"]  # 180 rows (6 steps) of the first window's 200
+    assert first.untyped_storage().nbytes() == 200 * first.element_size()  # a view of it
+    assert chunks[1][0]["reward"].untyped_storage().nbytes() == 30 * first.element_size()
+    stream.close()
+
+
+@pytest.mark.parametrize("threads", [1, 3])
+def test_shuffled_is_index_select_of_every_column(threads: int) -> None:
+    g = torch.Generator().manual_seed(0)
+    columns = {
+        "x": torch.randn(101, 3, 2, generator=g),
+        "b": torch.rand(101, 4, generator=g) > 0.5,
+        "i": torch.randint(0, 9, (101,), generator=g),
+        "h": torch.randn(101, 2, generator=g).to(torch.bfloat16),  # no numpy dtype
+        "t": torch.randn(2, 101, generator=g).t(),  # not contiguous
+    }
+    order = torch.randperm(101, generator=g)
+    got = disk_stream.shuffled(dict(columns), order, threads)
+    assert list(got) == list(columns)
+    for k, v in columns.items():
+        assert torch.equal(got[k], v.index_select(0, order)), k
+        assert got[k].is_contiguous(), k
 
 
 def test_directory_of_parts_sharded_by_rank(tmp_path: Path) -> None:

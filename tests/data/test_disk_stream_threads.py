@@ -33,7 +33,7 @@ table = pa.table({f"x{i}": rng.normal(size=n).astype(np.float32) for i in range(
 pq.write_table(table, path, row_group_size=15_000)
 
 def load(units):
-    parts = [pq.ParquetFile(u.file).read_row_groups(list(u.row_groups)) for u in units]
+    parts = [pq.ParquetFile(u.file).read_row_groups(list(u.row_groups), use_threads=False) for u in units]
     t = pa.concat_tables(parts)
     x = np.stack([t.column(f"x{i}").to_numpy() for i in range(cols)], axis=1)
     return {"x": torch.from_numpy(np.ascontiguousarray(x)), "y": torch.from_numpy(x[:, 0].copy())}

@@ -161,13 +161,14 @@ def test_units_prepared_once_then_reused_settings_make_another_directory(
     assert (other.prepared, len(calls)) == (4, 8)
 
 
-def test_headers_checked_once_per_run_values_still_hashed_every_read(
+def test_headers_and_bytes_checked_once_per_run_again_when_the_file_changes(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     """Later epochs take a unit's checked header from memory while its file is the same
-    (parsing it every epoch held the GIL and capped streaming); its arrays are still hashed
-    as they are read, so bytes changed in place, even with the file's times put back, are
-    caught; a file replaced by another is read and checked again."""
+    (parsing it every epoch held the GIL and capped streaming), and read its arrays without
+    hashing them again (hashing every read cost more CPU than reading: issue 39); bytes
+    changed in place, even with the file's times put back, are still caught (the change
+    time moves); a file replaced by another is read and checked again."""
     path = write(tmp_path / "t.parquet", rows(300), 40)
     window = stream_units(str(path), 0, 1)[2:6]
     want = _rewards(window)["reward"]
@@ -175,6 +176,7 @@ def test_headers_checked_once_per_run_values_still_hashed_every_read(
     for _ in range(3):
         assert torch.equal(cache.load(window)["reward"], want)
     assert cache.headers_read == 4  # once per unit (when it was prepared), never again
+    assert cache.bytes_checked == 4  # each unit's bytes hashed when first read back
     unit = sorted(cache.directory.glob("*.prep"))[0]
     head, start = _header(unit)
     reward = next(c for c in head["columns"] if c["name"] == "reward")
@@ -189,6 +191,7 @@ def test_headers_checked_once_per_run_values_still_hashed_every_read(
     read = cache.headers_read
     assert torch.equal(cache.load(window)["reward"], want)
     assert cache.headers_read == read + 1  # the rewritten file: its header checked again
+    assert cache.bytes_checked == 4 + 1  # and its bytes, once
 
 
 def test_unwritable_directory_warns_and_decodes_every_window(
