@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from reagent_lite.data.tensordict import TensorDict
+from reagent_lite.data.rows import Rows
 from reagent_lite.torch_private import foreach_lerp_
 from reagent_lite.training.precision import step_precision
 
@@ -34,7 +34,7 @@ class Bare:
 
     def __init__(
         self,
-        data: TensorDict,
+        data: Rows,
         batch: int,
         parametric: bool,
         graph: bool,
@@ -176,7 +176,7 @@ class Products:
         return steps * self.batch / (time.perf_counter() - t0)
 
 
-def d3rlpy_runner(data: TensorDict, batch: int, device: str) -> Callable[[int], float] | None:
+def d3rlpy_runner(data: Rows, batch: int, device: str) -> Callable[[int], float] | None:
     try:
         import d3rlpy
         from d3rlpy.logging import NoopAdapterFactory

@@ -141,10 +141,10 @@ def plain_child(rows: int, steps: int, epochs: int) -> None:
     import torch
 
     from benchmarks.bench_train import Bare
-    from reagent_lite.data.tensordict import TensorDict
+    from reagent_lite.data.rows import Rows
 
     g = torch.Generator().manual_seed(0)
-    data = TensorDict(
+    data = Rows(
         {
             "state": torch.randn(rows, 4, generator=g),
             "action": torch.randint(0, 2, (rows,), generator=g),

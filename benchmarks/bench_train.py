@@ -54,7 +54,7 @@ import torch
 
 from benchmarks.bare_loops import GAMMA, LR, TAU, WARMUP_STEPS, Bare, Products, d3rlpy_runner, sync
 from reagent_lite.config import DQNWorkflowConfig, ParametricDQNWorkflowConfig, config_from_dict
-from reagent_lite.data.tensordict import TensorDict
+from reagent_lite.data.rows import Rows
 from reagent_lite.distributed.context import DistContext
 from reagent_lite.training.loop import Workflow
 
@@ -124,7 +124,7 @@ def tile(wf: Workflow, rows: int) -> None:
     """Grow the shard to `rows` by repetition (the cost curve as the table grows)."""
     data = wf.train_data.to("cpu")
     reps = -(-rows // len(data))
-    big = TensorDict({k: v.repeat(reps, *([1] * (v.dim() - 1)))[:rows] for k, v in data.items()})
+    big = Rows({k: v.repeat(reps, *([1] * (v.dim() - 1)))[:rows] for k, v in data.items()})
     wf.train_data = big.to(wf.device) if wf.cfg.device_resident_data else big
     wf._plan_steps()
     wf._runner = None

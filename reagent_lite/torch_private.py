@@ -114,5 +114,5 @@ def set_autograd_cache(enabled: bool) -> bool:
         return False
     if not hasattr(config, "enable_autograd_cache"):
         return False
-    config.enable_autograd_cache = enabled
+    setattr(config, "enable_autograd_cache", enabled)  # noqa: B010 (torch's config module)
     return True

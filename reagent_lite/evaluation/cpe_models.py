@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from reagent_lite.data.tensordict import TensorDict
+from reagent_lite.data.rows import Rows
 from reagent_lite.discount import transition_discount
 from reagent_lite.evaluation.diagnostics import CpeNotices
 from reagent_lite.trainers.common import unwrap
@@ -102,7 +102,7 @@ class CpeNets(nn.Module):
         # One per run, like these models: the CPE warnings already given (said once).
         self.notices = CpeNotices()
 
-    def forward(self, batch: TensorDict, kind: Any) -> tuple[Tensor, Tensor]:
+    def forward(self, batch: Rows, kind: Any) -> tuple[Tensor, Tensor]:
         # Both heads in one forward, so that a DDP wrapper syncs both gradients.
         return (
             kind.q_all(self.reward_net, batch, next_state=False),

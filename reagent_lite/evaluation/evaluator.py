@@ -28,7 +28,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from reagent_lite.data.tensordict import TensorDict
+from reagent_lite.data.rows import Rows
 from reagent_lite.evaluation.cpe import CpeEstimate, one_step_estimates
 from reagent_lite.evaluation.cpe_models import CpeNets, EvaluatedPolicy, gather_logged
 from reagent_lite.evaluation.diagnostics import (
@@ -44,7 +44,7 @@ log = logging.getLogger("reagent_lite")
 
 
 @torch.no_grad()
-def _predict(kind: Any, net: nn.Module, data: TensorDict) -> Tensor:
+def _predict(kind: Any, net: nn.Module, data: Rows) -> Tensor:
     parts = [kind.q_all(net, chunk, next_state=False) for chunk in data.chunks(_CHUNK)]
     return torch.cat(parts).float()
 
@@ -53,7 +53,7 @@ def evaluate_cpe(
     kind: Any,
     q_net: nn.Module,
     cpe_nets: CpeNets,
-    data: TensorDict,
+    data: Rows,
     *,
     policy: EvaluatedPolicy,
     gamma: float,

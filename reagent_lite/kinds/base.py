@@ -6,7 +6,7 @@ never branches on a kind's name. A kind declares:
 * its data: the schema its tables are validated against and the layout they are
   ingested into (`data/ingest.py`: resident shards, windows from disk, eval tables), the
   feature space the ranks agree on, the samples normalization is fitted on, the training
-  tensors (`TensorDict` columns) a shard becomes;
+  tensors (`Rows` columns) a shard becomes;
 * its networks and maths: the Q-network, the trainer, Q over the candidate set, the
   candidate mask and the index of the logged action (what CPE reads);
 * its served model: the serving module (preprocessing inside), example inputs, dynamic
@@ -38,7 +38,6 @@ from reagent_lite.data.readers import ShardPiece
 from reagent_lite.data.rows import Rows
 from reagent_lite.data.schema import Field, TableSchema
 from reagent_lite.data.shard_builder import IngestedShard
-from reagent_lite.data.tensordict import TensorDict
 from reagent_lite.data.windows import load_units, stream_units
 from reagent_lite.distributed.context import DistContext
 from reagent_lite.errors import DataError
@@ -204,7 +203,7 @@ class Kind(ABC, Generic[C, S]):
         return {"state": sample_nan_rows(torch.from_numpy(shard.features["state"]), n, seed)}
 
     @abstractmethod
-    def training_tensors(self, shard: IngestedShard, pre: dict[str, Preprocessor]) -> TensorDict:
+    def training_tensors(self, shard: IngestedShard, pre: dict[str, Preprocessor]) -> Rows:
         """The normalized columns training and evaluation read; the shard's feature arrays
         are normalized in place (its raw values are gone afterwards)."""
 

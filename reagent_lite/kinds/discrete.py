@@ -16,6 +16,7 @@ from reagent_lite.data.checks import Problems, Rule, name_rows
 from reagent_lite.data.discrete_shard import DiscreteShard, DiscreteShardBuilder
 from reagent_lite.data.ingest import Layout
 from reagent_lite.data.readers import ShardPiece
+from reagent_lite.data.rows import Rows
 from reagent_lite.data.scatter import actions_mask
 from reagent_lite.data.schema import (
     STATE_COLUMNS,
@@ -29,7 +30,6 @@ from reagent_lite.data.schema import (
 from reagent_lite.data.scoring import STATE as STATE_FIELD
 from reagent_lite.data.scoring import run_batched
 from reagent_lite.data.shard_builder import IngestedShard
-from reagent_lite.data.tensordict import TensorDict
 from reagent_lite.data.validate import ShardValidation
 from reagent_lite.data.windows import scan_units
 from reagent_lite.distributed.context import DistContext
@@ -92,12 +92,12 @@ class DiscreteKind(Kind[DQNWorkflowConfig, DiscreteSpace]):
         ids = scan_units(units, {"state": STATE_COLUMNS})[0]["state"]
         return DiscreteSpace(state_ids=agree_ids(ctx, ids), actions=list(cfg.actions))
 
-    def training_tensors(self, shard: IngestedShard, pre: dict[str, Preprocessor]) -> TensorDict:
+    def training_tensors(self, shard: IngestedShard, pre: dict[str, Preprocessor]) -> Rows:
         # Normalized in place: the raw values are not needed after this.
         state_pre = pre["state"]
         data = {k: state_pre.normalize_rows(torch.from_numpy(v)) for k, v in shard.features.items()}
         shard.features = {}
-        return TensorDict({**data, **{k: torch.from_numpy(v) for k, v in shard.fields.items()}})
+        return Rows({**data, **{k: torch.from_numpy(v) for k, v in shard.fields.items()}})
 
     # ------------------------------------------------------------- networks
     def build_q_network(

@@ -22,6 +22,7 @@ from reagent_lite.data.parametric_shard import (
     ParametricShardBuilder,
 )
 from reagent_lite.data.readers import ShardPiece
+from reagent_lite.data.rows import Rows
 from reagent_lite.data.scatter import candidate_tensor
 from reagent_lite.data.schema import (
     FEATURE_MAP,
@@ -37,7 +38,6 @@ from reagent_lite.data.scoring import CANDIDATES as CANDIDATES_FIELD
 from reagent_lite.data.scoring import STATE as STATE_FIELD
 from reagent_lite.data.scoring import run_batched, values_and_presence
 from reagent_lite.data.shard_builder import IngestedShard
-from reagent_lite.data.tensordict import TensorDict
 from reagent_lite.data.windows import scan_units
 from reagent_lite.distributed.context import DistContext
 from reagent_lite.kinds.base import Actor, Kind, ParametricSpace, agree_ids, sample_nan_rows
@@ -139,7 +139,7 @@ class ParametricKind(Kind[ParametricDQNWorkflowConfig, ParametricSpace]):
             "action": sample_nan_rows(cands.reshape(-1, cands.shape[-1]), n, seed + 1),
         }
 
-    def training_tensors(self, shard: IngestedShard, pre: dict[str, Preprocessor]) -> TensorDict:
+    def training_tensors(self, shard: IngestedShard, pre: dict[str, Preprocessor]) -> Rows:
         # Normalized in place (rows of [N, K, G] candidates as [N·K, G]): the raw values are
         # not needed after this.
         data = {k: torch.from_numpy(v) for k, v in {**shard.features, **shard.fields}.items()}
@@ -150,7 +150,7 @@ class ParametricKind(Kind[ParametricDQNWorkflowConfig, ParametricSpace]):
                 *v.shape[:-1], p.out_dim
             )
         shard.features = {}
-        return TensorDict({k: data[k] for k in PARAMETRIC_FIELDS})
+        return Rows({k: data[k] for k in PARAMETRIC_FIELDS})
 
     # ------------------------------------------------------------- networks
     def build_q_network(self, cfg: _Cfg, dims: dict[str, int], space: ParametricSpace) -> nn.Module:

@@ -19,7 +19,7 @@ import torch
 from torch import Tensor, nn
 
 from reagent_lite.config.models import RLParameters
-from reagent_lite.data.tensordict import TensorDict
+from reagent_lite.data.rows import Rows
 from reagent_lite.distributed.context import DistContext
 from reagent_lite.kinds import Kind
 from reagent_lite.training.state import EpochRecord, TrainState
@@ -50,7 +50,7 @@ def q_bound(ctx: DistContext, reward: Tensor, rl: RLParameters) -> float | None:
     return (largest + boost) / (1.0 - rl.gamma)
 
 
-def probe_rows(data: TensorDict, device: torch.device) -> TensorDict:
+def probe_rows(data: Rows, device: torch.device) -> Rows:
     """The states each epoch's check scores: the first `PROBE_ROWS` of `data` (the eval
     rows, else the training rows), on `device`."""
     return data.slice(0, min(PROBE_ROWS, len(data))).to(device)
@@ -59,7 +59,7 @@ def probe_rows(data: TensorDict, device: torch.device) -> TensorDict:
 def check_q_values(
     kind: Kind[Any],
     q_net: nn.Module,
-    probe: TensorDict,
+    probe: Rows,
     bound: float | None,
     epoch: int,
     *,

@@ -21,7 +21,7 @@ from torch import nn
 from reagent_lite.config import WorkflowConfig
 from reagent_lite.config.models import StepPlanParameters
 from reagent_lite.data.disk_stream import DiskShardStream
-from reagent_lite.data.tensordict import TensorDict
+from reagent_lite.data.rows import Rows
 from reagent_lite.distributed.context import DistContext
 from reagent_lite.errors import TrainingError
 from reagent_lite.evaluation.cpe_models import CpeModelTrainer, CpeNets, EvaluatedPolicy
@@ -58,7 +58,7 @@ class Workflow:
     space: FeatureSpace
     norm: dict[str, dict[str, NormalizationParameters]]
     pre: dict[str, Preprocessor]
-    train_data: TensorDict
+    train_data: Rows
     ingest_timings: dict[str, float]
     # Set by setup().
     run: Run
@@ -190,7 +190,7 @@ class Workflow:
         self.train_data, self.ingest_timings = shard.train_data, shard.timings
         self.emulated_shards, self.disk = shard.emulated_shards, shard.disk
 
-    def _eval_tensors(self) -> TensorDict | None:
+    def _eval_tensors(self) -> Rows | None:
         path = self.cfg.eval_data_path
         if not path:
             return None

@@ -13,7 +13,7 @@ from typing import Any
 from torch import nn
 
 from reagent_lite.config import WorkflowConfig
-from reagent_lite.data.tensordict import TensorDict
+from reagent_lite.data.rows import Rows
 from reagent_lite.distributed.context import DistContext
 from reagent_lite.evaluation.cpe_models import CpeModelTrainer, CpeNets, EvaluatedPolicy
 from reagent_lite.kinds import FeatureSpace, Kind
@@ -36,8 +36,8 @@ class Run:
     cpe: CpeModelTrainer | None
     cpe_nets: CpeNets | None
     cpe_policy: EvaluatedPolicy
-    eval_data: TensorDict | None  # rank 0's, on the device; None elsewhere or without
-    probe: TensorDict  # the states the divergence check scores (divergence.py)
+    eval_data: Rows | None  # rank 0's, on the device; None elsewhere or without
+    probe: Rows  # the states the divergence check scores (divergence.py)
     q_bound: float | None  # the largest |Q| the rewards allow (divergence.py)
     metrics: MetricsWriter | None  # rank 0's metrics.jsonl (and trackers)
 

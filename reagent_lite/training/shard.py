@@ -20,8 +20,8 @@ import numpy as np
 
 from reagent_lite.config import BaseWorkflowConfig
 from reagent_lite.data.disk_stream import DiskShardStream
+from reagent_lite.data.rows import Rows
 from reagent_lite.data.shard_builder import IngestedShard
-from reagent_lite.data.tensordict import TensorDict
 from reagent_lite.distributed.context import DistContext
 from reagent_lite.errors import ConfigError
 from reagent_lite.kinds import FeatureSpace, Kind
@@ -38,7 +38,7 @@ class LoadedShard:
     norm: dict[str, dict[str, NormalizationParameters]]
     pre: dict[str, Preprocessor]
     # The normalized training tensors (under `stream_from_disk`: only the sample).
-    train_data: TensorDict
+    train_data: Rows
     timings: dict[str, float]  # seconds per stage
     disk: DiskShardStream | None = None
     # Rows of each emulated rank's shard (REAGENT_LITE_EMULATE_WORLD_SIZE), else None.

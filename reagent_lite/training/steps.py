@@ -26,8 +26,8 @@ import torch
 from reagent_lite.config import BaseWorkflowConfig
 from reagent_lite.config.models import Precision, StepPlanParameters, StepVariants
 from reagent_lite.data.disk_stream import DiskShardStream
+from reagent_lite.data.rows import Rows
 from reagent_lite.data.sampler import EpochSampler, UnionSampler
-from reagent_lite.data.tensordict import TensorDict
 from reagent_lite.distributed.context import DistContext
 from reagent_lite.evaluation.cpe_models import CpeModelTrainer
 from reagent_lite.torch_private import set_autograd_cache
@@ -165,7 +165,7 @@ def build_step_runner(
     trainer: QLearningTrainer[Any],
     cpe: CpeModelTrainer | None,
     ctx: DistContext,
-    data: TensorDict,
+    data: Rows,
     sampler: EpochSampler,
     steps_per_epoch: int,
     minibatches_per_step: int,

@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from reagent_lite.data.tensordict import TensorDict
+from reagent_lite.data.rows import Rows
 from reagent_lite.evaluation.cpe_models import (
     CpeModelTrainer,
     CpeNets,
@@ -26,7 +26,7 @@ from tests.trainers.helpers import Sync, cpe_train_step
 D, A, B = 5, 3, 64
 
 
-def batch(seed: int) -> TensorDict:
+def batch(seed: int) -> Rows:
     """Transitions with rewards large enough that the smooth-L1 value loss meets both of
     its branches, some rows without a logged action (−1) and next states with none
     possible."""
@@ -35,7 +35,7 @@ def batch(seed: int) -> TensorDict:
     action[:5] = -1
     next_mask = (torch.rand(B, A, generator=g) > 0.3).float()
     next_mask[5:8] = 0.0
-    return TensorDict(
+    return Rows(
         {
             "state": torch.randn(B, D, generator=g),
             "next_state": torch.randn(B, D, generator=g),
@@ -76,7 +76,7 @@ def reference_step(
     nets: CpeNets,
     target_value: nn.Module,
     q_net: nn.Module,
-    data: TensorDict,
+    data: Rows,
     use_time_diff: bool,
     greedy: bool = False,
 ) -> tuple[torch.Tensor, CpeNets]:

@@ -18,7 +18,7 @@ from torch import Tensor, nn
 from reagent_lite.config import ParametricDQNWorkflowConfig
 from reagent_lite.data.ingest import ingest_table
 from reagent_lite.data.parametric_shard import ParametricShard
-from reagent_lite.data.tensordict import TensorDict
+from reagent_lite.data.rows import Rows
 from reagent_lite.data.timeline import build_training_table
 from reagent_lite.evaluation.cpe_models import CpeNets, EvaluatedPolicy
 from reagent_lite.evaluation.evaluator import evaluate_cpe
@@ -48,10 +48,10 @@ class FirstFeature(nn.Module):
         return actions[..., 0]
 
 
-def discrete_table() -> TensorDict:
+def discrete_table() -> Rows:
     """Three one-step episodes, two actions; row i has state [i]."""
     n = 3
-    return TensorDict(
+    return Rows(
         {
             "state": torch.arange(n, dtype=torch.float32)[:, None],
             "next_state": torch.zeros(n, 1),
@@ -197,9 +197,9 @@ def _raw(shard: ParametricShard, name: str) -> np.ndarray:
     return np.nan_to_num({**shard.features, **shard.fields}[name])
 
 
-def tensors(raw: ParametricShard) -> TensorDict:
+def tensors(raw: ParametricShard) -> Rows:
     """Raw (unnormalized, 0 where absent) parametric transitions as the evaluator's
-    TensorDict."""
+    Rows."""
     fields = [
         "state",
         "next_state",
@@ -215,7 +215,7 @@ def tensors(raw: ParametricShard) -> TensorDict:
         "mdp_id",
         "sequence_number",
     ]
-    return TensorDict({name: torch.from_numpy(_raw(raw, name)) for name in fields})
+    return Rows({name: torch.from_numpy(_raw(raw, name)) for name in fields})
 
 
 def test_parametric_logged_action_not_among_candidates() -> None:
@@ -270,7 +270,7 @@ class EnvScorer(nn.Module):
 
 
 @pytest.fixture(scope="module")
-def bandit() -> tuple[ParametricBanditEnv, TensorDict, Contexts]:
+def bandit() -> tuple[ParametricBanditEnv, Rows, Contexts]:
     env = ParametricBanditEnv(seed=3)
     table, _ = build_training_table(env.log_episodes(4000, seed=5).steps, eval_fraction=0.0)
     raw = raw_shard(table, env.state_feature_ids, env.action_feature_ids)
@@ -284,9 +284,7 @@ def bandit() -> tuple[ParametricBanditEnv, TensorDict, Contexts]:
     return env, tensors(raw), contexts
 
 
-def _evaluate(
-    env: ParametricBanditEnv, data: TensorDict, q_net: nn.Module, t: float | None
-) -> dict:
+def _evaluate(env: ParametricBanditEnv, data: Rows, q_net: nn.Module, t: float | None) -> dict:
     """CPE of the softmax at `t`, or of the greedy policy (t None), with an exact r̂."""
     policy = EvaluatedPolicy("greedy") if t is None else EvaluatedPolicy("softmax", t)
     oracle = EnvScorer(env, "reward")
@@ -330,7 +328,7 @@ def test_oracle_policy_estimates_track_its_true_value(bandit, temperature) -> No
     assert out["direct_method"]["raw"] > env.logging_value(contexts) + 0.05
 
 
-def out_logged(data: TensorDict) -> float:
+def out_logged(data: Rows) -> float:
     return float(data.reward.double().mean())
 
 
@@ -384,7 +382,7 @@ def test_near_uniform_softmax_and_tiny_ess_warn(bandit, caplog) -> None:
         _evaluate(env, data, NoisyOracle(env), 1000.0)
     assert any("near-uniform" in r.getMessage() for r in caplog.records)
     caplog.clear()
-    few = TensorDict({k: v[:40] for k, v in data.items()})
+    few = Rows({k: v[:40] for k, v in data.items()})
     with caplog.at_level("WARNING", logger="reagent_lite"):
         _evaluate(env, few, NoisyOracle(env), None)
     assert any("effective sample size" in r.getMessage() for r in caplog.records)
@@ -550,7 +548,7 @@ def test_each_distinct_warning_is_said_once_per_run(caplog: pytest.LogCaptureFix
 
 def test_evaluator_warns_once_per_cpe_nets(bandit, caplog) -> None:
     env, data, _ = bandit
-    few = TensorDict({k: v[:40] for k, v in data.items()})
+    few = Rows({k: v[:40] for k, v in data.items()})
     policy = EvaluatedPolicy("greedy")
     nets = CpeNets(EnvScorer(env, "reward"), EnvScorer(env, "reward"))
     counts = []

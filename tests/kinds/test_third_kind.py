@@ -33,12 +33,12 @@ from reagent_lite.data.arrow import column_of, is_str, to_float32
 from reagent_lite.data.checks import nonfinite_rows, propensity_rows
 from reagent_lite.data.ingest import Layout
 from reagent_lite.data.readers import ShardPiece
+from reagent_lite.data.rows import Rows
 from reagent_lite.data.scatter import action_index
 from reagent_lite.data.schema import STATE_COLUMNS, TableSchema, features, field
 from reagent_lite.data.scoring import STATE as STATE_FIELD
 from reagent_lite.data.scoring import run_batched
 from reagent_lite.data.shard_builder import IngestedShard, ShardBuilder
-from reagent_lite.data.tensordict import TensorDict
 from reagent_lite.data.validate import ValidationReport
 from reagent_lite.data.windows import scan_units
 from reagent_lite.distributed.context import DistContext
@@ -208,10 +208,10 @@ class BanditKind(Kind[BanditConfig, DiscreteSpace]):
         ids = scan_units(units, {"state": STATE_COLUMNS})[0]["state"]
         return DiscreteSpace(state_ids=agree_ids(ctx, ids), actions=list(cfg.arms))
 
-    def training_tensors(self, shard: IngestedShard, pre: dict[str, Preprocessor]) -> TensorDict:
+    def training_tensors(self, shard: IngestedShard, pre: dict[str, Preprocessor]) -> Rows:
         state = pre["state"].normalize_rows(torch.from_numpy(shard.features.pop("state")))
         fields = {k: torch.from_numpy(shard.fields[k]) for k in (*FIELDS, "mdp_id")}
-        return TensorDict({"state": state, **fields})
+        return Rows({"state": state, **fields})
 
     def build_q_network(
         self, cfg: BanditConfig, dims: dict[str, int], space: DiscreteSpace

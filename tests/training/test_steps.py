@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from reagent_lite.config import DQNWorkflowConfig, ParametricDQNWorkflowConfig, config_from_dict
-from reagent_lite.data.tensordict import TensorDict
+from reagent_lite.data.rows import Rows
 from reagent_lite.distributed.context import DistContext
 from reagent_lite.training import steps
 from reagent_lite.training.loop import Workflow
@@ -20,7 +20,7 @@ from reagent_lite.training.sources import LazyBatch, training_columns
 
 def test_lazy_batch_gathers_what_index_gathers() -> None:
     g = torch.Generator().manual_seed(0)
-    data = TensorDict(
+    data = Rows(
         {
             "state": torch.randn(50, 3, generator=g),
             "action": torch.randint(0, 2, (50,), generator=g),
@@ -276,7 +276,7 @@ def _grad_sync_worker(rank: int, init: str, out: str) -> None:
     try:
         g = torch.Generator().manual_seed(100 + rank)  # every rank its own rows
         n = 64
-        batch = TensorDict(
+        batch = Rows(
             {
                 "state": torch.randn(n, 4, generator=g),
                 "next_state": torch.randn(n, 4, generator=g),
