@@ -12,7 +12,9 @@ The verdict is one word for "is the policy better than the logger?":
 * otherwise the trusted CPE estimates at the selected epoch (report_data.unreliable sets
   the others apart): "better" when one is above the logger by more than 2 SE and none
   below, "worse" the other way round, "within noise" when all are within 2 SE, and
-  "undecided" when none is trusted or they disagree.
+  "undecided" when none is trusted or they disagree;
+* "failed", whatever the above says, when most online episodes timed out
+  (`evaluation.online.failed`): the policy does not reach the goal.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from reagent_lite.evaluation.online import failed
 from reagent_lite.io_utils import atomic_write_text
 from reagent_lite.report_data import CpePoint, ReportData, build_report_data, finite, read_json
 
@@ -60,7 +63,7 @@ class Returns:
 
 @dataclass(frozen=True)
 class Verdict:
-    word: str  # better / within noise / worse / undecided
+    word: str  # better / within noise / worse / undecided / failed
     why: str
 
 
@@ -83,6 +86,11 @@ def summary_lines(run_dir: Path, *, wall_s: float | None = None) -> list[str]:
     trusted = data.trusted_at_selected()
     lines += _cpe_lines(data, trusted)
     verdict = _verdict(data, trusted, logger)
+    # A policy that times out on most online episodes has failed, even where its mean is
+    # within noise of (or above) a logger that hardly ever reached the goal either.
+    timed_out = failed(meta.get("online_evaluation"))
+    if timed_out:
+        verdict = Verdict("failed", timed_out)
     lines.append(f"verdict:   {verdict.word.upper()} ({verdict.why})")
     at = _record_at(epochs, data.selected_epoch)
     lines += _trust_lines(at, epochs)
@@ -257,6 +265,8 @@ def _next_step(
 ) -> str:
     if epochs and epochs[-1].get("q_diverging"):
         return f"do not serve it; retrain with {_REMEDIES}"
+    if verdict.word == "failed":
+        return "do not serve it; the logs may show too few episodes that reach the goal: log more"
     if verdict.word == "better":
         command = f"serve it: reagent-lite serve --model {run_dir} --log-dir DIR"
         # A path too long for the screen is not cut inside a command a user would copy.
