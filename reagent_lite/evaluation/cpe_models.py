@@ -155,7 +155,7 @@ class CpeModelTrainer:
         """The parameters the optimizer steps: both models'."""
         return self._params
 
-    def compute_loss(self, batch: Any, q_net: nn.Module, nets: nn.Module) -> Tensor:
+    def compute_loss(self, batch: Rows, q_net: nn.Module, nets: nn.Module) -> Tensor:
         """Both models' loss on `batch` (fields read as attributes), forwarding through
         `nets` (`self.nets` or the plain `CpeNets`); `q_net` (the plain Q-network, no
         gradient) gives the policy whose value is fitted."""

@@ -138,11 +138,11 @@ class DiscreteKind(Kind[DQNWorkflowConfig, DiscreteSpace]):
     ) -> DQNTrainer:
         return DQNTrainer.from_config(q_net, cfg, unwrapped=unwrapped)
 
-    def q_all(self, net: nn.Module, batch: Any, *, next_state: bool) -> Tensor:
+    def q_all(self, net: nn.Module, batch: Rows, *, next_state: bool) -> Tensor:
         out: Tensor = net(batch.next_state if next_state else batch.state)
         return out
 
-    def logged_index(self, batch: Any) -> Tensor:
+    def logged_index(self, batch: Rows) -> Tensor:
         index: Tensor = batch.action
         return index
 

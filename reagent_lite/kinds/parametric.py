@@ -169,14 +169,14 @@ class ParametricKind(Kind[ParametricDQNWorkflowConfig, ParametricSpace]):
     ) -> ParametricDQNTrainer:
         return ParametricDQNTrainer.from_config(q_net, cfg, unwrapped=unwrapped)
 
-    def q_all(self, net: nn.Module, batch: Any, *, next_state: bool) -> Tensor:
+    def q_all(self, net: nn.Module, batch: Rows, *, next_state: bool) -> Tensor:
         if next_state:
             out: Tensor = net(batch.next_state, batch.possible_next_actions)
         else:
             out = net(batch.state, batch.possible_actions)
         return out
 
-    def logged_index(self, batch: Any) -> Tensor:
+    def logged_index(self, batch: Rows) -> Tensor:
         index: Tensor = batch.action_index
         return index
 

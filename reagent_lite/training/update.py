@@ -23,6 +23,7 @@ import torch
 from torch import Tensor, nn
 
 from reagent_lite.config.models import Precision, Switch
+from reagent_lite.data.rows import Rows
 from reagent_lite.distributed.context import DistContext, GradAverage
 from reagent_lite.evaluation.cpe_models import CpeModelTrainer
 from reagent_lite.models.traced import ForwardOptions
@@ -163,7 +164,7 @@ class Update:
     def cpe_loss(self) -> CompiledCpeLoss | None:
         return self.kernels.cpe_loss
 
-    def __call__(self, batches: Sequence[Any]) -> None:
+    def __call__(self, batches: Sequence[Rows]) -> None:
         with step_precision(self.precision, self.device):
             self.loss_sum += DQNLoss.mean(self.q_step(batches)).total
             if self.cpe_step is not None:
