@@ -62,6 +62,7 @@ from benchmarks.acrobot_quality import (
     variants,
 )
 from benchmarks.cartpole_quality import _env, _seed_config
+from reagent_lite.evaluation.online import failed as online_failed
 
 ROOT = Path(__file__).resolve().parents[1]
 TIME_LIMIT = 500
@@ -217,6 +218,9 @@ def run_verdict(spec: EnvSpec, model_dir: Path, returncode: int) -> str | None:
     if final.get("q_diverging"):
         return "diverging"
     online = meta.get("online_evaluation")
+    timed_out = online_failed(online)  # what the run summary reports as FAILED
+    if timed_out:
+        return f"online check failed: {timed_out}"
     if online and spec.failed(online.get("median_return", 0.0)):
         return "online check failed"
     return None

@@ -81,3 +81,21 @@ def test_a_mix_the_env_has_not_is_refused_before_anything_runs(tmp_path: Path) -
         proc.stderr
     )
     assert "Traceback" not in proc.stderr and not (tmp_path / "out").exists()
+
+
+def test_the_flagged_column_counts_what_the_run_summary_reports_failed(tmp_path: Path) -> None:
+    """A run whose online check timed out on most episodes is flagged even when its median
+    return is above the table's failure line (Acrobot: −300 > −500): the run summary
+    reports it FAILED, so the table must agree."""
+    import json
+
+    from benchmarks.robustness import ENVS, run_verdict
+
+    meta = tmp_path / "model_meta.json"
+    online = {"env": "Acrobot-v1", "episodes": 30, "median_return": -300.0}
+    meta.write_text(json.dumps({"online_evaluation": {**online, "timed_out": 20}}))
+    assert run_verdict(ENVS["Acrobot-v1"], tmp_path, 0) == (
+        "online check failed: 20 of 30 online episodes timed out short of the goal"
+    )
+    meta.write_text(json.dumps({"online_evaluation": {**online, "timed_out": 2}}))
+    assert run_verdict(ENVS["Acrobot-v1"], tmp_path, 0) is None
