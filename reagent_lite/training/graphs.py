@@ -164,7 +164,7 @@ class GraphStep:
 
     def _agree_on_compiled_updates(self) -> None:
         """Over several ranks, all compiled optimizer steps or none: a rank whose
-        compilation failed runs torch's fused Adam, not bit for bit the compiled one, and
+        compilation failed runs the eager multi-tensor Adam, not bit for bit the compiled one, and
         the replicas would drift apart. The compiled losses need no agreement: their
         gradients are averaged before any rank uses them."""
         updates = self.step.compiled_updates()

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import logging
 import math
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -216,6 +217,8 @@ def build_step_runner(
             optimizer=trainer.hp.optimizer,
             data_parallel=isinstance(trainer.q_net, torch.nn.DataParallel),
         )
+        capturable = all(g.get("capturable") for g in trainer.optimizer.param_groups)
+        shape = fit_to_optimizer(shape, capturable=capturable, device=device)
     why_eager, captured = shape.why_eager, shape.graph
     plan = StepPlan(
         device=device,
@@ -306,4 +309,21 @@ def warn_few_steps(steps: int, rows: int, step_rows: int, fixed: bool) -> None:
         why,
         step_rows,
         FEW_STEPS * 10,
+    )
+
+
+def fit_to_optimizer(shape: StepShape, *, capturable: bool, device: torch.device) -> StepShape:
+    """`shape` for a trainer whose optimizer was built before any plan (tests, tools: the
+    eager kernel): a graph cannot capture a step of an optimizer that is not capturable,
+    so such a step stays eager and says why."""
+    if not shape.graph or capturable:
+        return shape
+    return replace(
+        shape,
+        graph=False,
+        why_eager="the trainer's optimizer was built for eager steps (no step plan when it "
+        "was built)",
+        compiled_update=False,
+        average_in_graph=False,
+        kernel=OptimizerKernel.eager(device),
     )

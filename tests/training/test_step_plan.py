@@ -265,3 +265,27 @@ def test_the_autograd_cache_switch_reaches_torch() -> None:
         assert aot_config.enable_autograd_cache is True
     finally:
         aot_config.enable_autograd_cache = before
+
+
+def test_a_graph_is_not_planned_for_an_optimizer_built_for_eager_steps() -> None:
+    """`build_step_runner` without the plan's shape (tests, tools): the trainer's optimizer
+    was built with the eager kernel, so a planned graph would fail to capture; the step
+    stays eager and says why."""
+    from reagent_lite.training.steps import fit_to_optimizer
+
+    cuda = torch.device("cuda")
+    planned = step_shape(
+        cuda,
+        cuda_graphs=True,
+        compile=True,
+        world_size=2,
+        backend="nccl",
+        optimizer="adam",
+        data_parallel=False,
+    )
+    assert planned.graph and planned.average_in_graph and planned.compiled_update
+    assert fit_to_optimizer(planned, capturable=True, device=cuda) == planned
+    eager = fit_to_optimizer(planned, capturable=False, device=cuda)
+    assert not (eager.graph or eager.average_in_graph or eager.compiled_update)
+    assert "built for eager steps" in eager.why_eager
+    assert eager.kernel == OptimizerKernel.eager(cuda)
