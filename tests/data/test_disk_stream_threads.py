@@ -27,13 +27,17 @@ from reagent_lite.data.windows import stream_units
 from reagent_lite.training.prefetch import ChunkPrefetcher
 
 path = sys.argv[1]
+# Arrow's own pools may grow by a thread when reads overlap on a busy machine: one thread
+# each, started by the baseline read below, so only the stream's threads can be new.
+pa.set_io_thread_count(1)
+pa.set_cpu_count(1)
 n, cols = 90_000, 4
 rng = np.random.default_rng(0)
 table = pa.table({f"x{i}": rng.normal(size=n).astype(np.float32) for i in range(cols)})
 pq.write_table(table, path, row_group_size=15_000)
 
 def load(units):
-    parts = [pq.ParquetFile(u.file).read_row_groups(list(u.row_groups), use_threads=False) for u in units]
+    parts = [pq.ParquetFile(u.file, pre_buffer=False).read_row_groups(list(u.row_groups), use_threads=False) for u in units]
     t = pa.concat_tables(parts)
     x = np.stack([t.column(f"x{i}").to_numpy() for i in range(cols)], axis=1)
     return {"x": torch.from_numpy(np.ascontiguousarray(x)), "y": torch.from_numpy(x[:, 0].copy())}
@@ -58,13 +62,21 @@ def epochs():
     for epoch in range(2):
         yield from (Rows(columns) for columns, _ in stream.epoch_chunks(epoch))
 
-rows, seen = 0, []
+def name(tid):
+    try:
+        return open(f"/proc/self/task/{tid}/comm").read().strip()
+    except OSError:
+        return "?"
+
+rows, seen, names = 0, [], set()
 for columns in chunks.ready(epochs()):
     rows += len(columns)
-    seen.append(len(new_threads()))  # the prefetch worker and the disk thread are alive
+    new = new_threads()  # the prefetch worker and the disk thread are alive
+    seen.append(len(new))
+    names.update(name(t) for t in new)
 stream.close()
 assert rows == 2 * (n // 512) * 512, rows
-print("NEW", max(seen), flush=True)
+print("NEW", max(seen), sorted(names), flush=True)  # names: for a failure's message
 """
 
 
