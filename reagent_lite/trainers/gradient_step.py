@@ -54,15 +54,15 @@ LossT = TypeVar("LossT", bound=StepLoss)
 
 class GradientStep(Generic[BatchT, LossT]):
     """`step(batches)`: gradients set to none, then for each micro-batch the loss through
-    `net` and its backward seeded with `scale` / n (`BackwardSeed`: equal-sized
-    micro-batches accumulate to the gradient of their union; `scale` is the 1/world size
-    of an average whose all-reduce only sums), then `reduce()` (the step's own gradient
-    average), clipping to `clip`, and `apply()` (optimizer step and soft target update).
+    `net` and its backward seeded with `reduce.loss_scale` / n (`BackwardSeed`:
+    equal-sized micro-batches accumulate to the gradient of their union; the scale is the
+    1/world size of an average whose all-reduce only sums), then `reduce()` (the step's own
+    gradient average), clipping to `clip`, and `apply()` (optimizer step and soft target update).
     Returns the detached records, one per micro-batch.
 
     Under a DDP wrapper (`net` has `no_sync`, no `reduce`) the wrapper's hooks all-reduce
     during the last micro-batch's backward only, and divide by the world size themselves
-    (so `scale` must then be 1)."""
+    (the seed then carries only 1/n)."""
 
     def __init__(
         self,
@@ -71,15 +71,14 @@ class GradientStep(Generic[BatchT, LossT]):
         net: nn.Module,
         params: Sequence[Tensor],
         apply: Callable[[], None],
-        reduce: Callable[[], None] | None = None,
-        scale: float = 1.0,
+        reduce: Reduction | None = None,
         clip: float | None = None,
     ) -> None:
-        # Through a DDP wrapper its hooks divide: a scale as well would divide twice.
-        assert scale == 1.0 or reduce is not None, "scale without reduce"
         self.loss, self.net, self.apply = loss, net, apply
         self.params = list(params)
-        self.reduce, self.scale, self.clip = reduce, scale, clip
+        # Only the step's own reduction scales: through a DDP wrapper its hooks divide.
+        self.reduce, self.clip = reduce, clip
+        self.scale = 1.0 if reduce is None else reduce.loss_scale
         self._no_sync: Callable[[], contextlib.AbstractContextManager[None]] | None = (
             getattr(net, "no_sync", None) if reduce is None else None
         )

@@ -100,7 +100,6 @@ def q_step(
         params=trainer.parameters(),
         apply=apply or trainer.apply_update,
         reduce=sync,
-        scale=1.0 if sync is None else sync.loss_scale,
         clip=trainer.hp.clip_grad_norm,
     )
 
@@ -122,7 +121,6 @@ def cpe_step(
         params=cpe.parameters(),
         apply=apply or cpe.apply_update,
         reduce=sync,
-        scale=1.0 if sync is None else sync.loss_scale,
     )
 
 
