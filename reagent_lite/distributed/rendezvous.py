@@ -12,8 +12,9 @@ meets the others in ``<base>.rdzv/`` and node 0 hands out a fresh store file per
   processes per node, and writes ``session.json`` atomically (temp + rename) naming a new
   ``store-<uuid>`` file and the claim ids of the members; the other nodes wait until a
   session lists their own claim id, so a session of a dead run is never joined;
-* after a clean run node 0 removes the store and the session; every node removes its own
-  claim on the way out, on error too. Node 0 also clears leftovers of earlier runs.
+* after a clean run node 0 waits for the other nodes to release their claims (their ranks
+  have exited, so none reopens the store), then removes the store and the session; every
+  node removes its own claim on the way out, on error too. Node 0 also clears leftovers of earlier runs.
 """
 
 from __future__ import annotations
@@ -136,6 +137,10 @@ class FileRendezvous:
         if self._heartbeat is not None:
             self._heartbeat.join(timeout=5 * self.heartbeat_s)
         if self.node_index == 0 and success and self.session is not None:
+            # torch's FileStore reopens its file (O_CREAT) while a rank shuts down, so a
+            # store removed while another node's ranks still exit is written again and left
+            # behind: remove it once the other members have released their claims.
+            self._await_members_leaving()
             unlink(self.session.store_path)
             current = read_json(self.dir / SESSION_FILE)
             if current and current.get("session_id") == self.session.session_id:
@@ -148,6 +153,29 @@ class FileRendezvous:
             if d.name.endswith(".rdzv") or d == self.dir:
                 with contextlib.suppress(OSError):
                     d.rmdir()
+
+    def _await_members_leaving(self) -> None:
+        """Wait (at most `stale_after_s`) until no other member of the session holds its claim.
+
+        A node releases its claim after its ranks exit; one that crashed leaves a claim that
+        stops heartbeating, which is not waited for beyond the bound (the next run's node 0
+        clears what it left)."""
+        assert self.session is not None
+        members = set(self.session.members) - {self.claim_id}
+        deadline = time.monotonic() + self.stale_after_s
+        while time.monotonic() < deadline:
+            held = [
+                k
+                for k in range(1, self.num_nodes)
+                if (c := self.board.read(self.board.lock(k))) is not None
+                and c.data.get("uuid") in members
+            ]
+            if not held:
+                return
+            time.sleep(self.poll_s)
+        log.info(
+            "rendezvous: nodes still hold claims after the run; the store stays for the next run"
+        )
 
     def _beat(self) -> None:
         lock = self.board.lock(self.node_index)

@@ -77,6 +77,37 @@ def test_three_nodes_meet_and_clean_up(tmp_path: Path) -> None:
     assert not d.exists()
 
 
+def test_leader_removes_the_store_only_after_the_other_nodes_left(tmp_path: Path) -> None:
+    # A rank of node 1 still shutting down reopens the store after node 0 finished (torch's
+    # FileStore does so in its destructor); removed before that, the store would be left behind.
+    d = tmp_path / "r.rdzv"
+    nodes = [_rdzv(d, k, 2) for k in range(2)]
+    sessions = _join_all(nodes)
+    first = sessions[0]
+    assert isinstance(first, Session), sessions
+    first.store_path.write_text("")
+    leader = threading.Thread(target=nodes[0].close, args=(True,))
+    leader.start()
+    time.sleep(0.3)
+    assert leader.is_alive()  # waiting for node 1 to leave
+    first.store_path.write_text("late write")  # node 1's rank exiting
+    nodes[1].close(success=True)
+    leader.join(10)
+    assert not leader.is_alive()
+    assert not d.exists()
+
+
+def test_leader_does_not_wait_long_for_a_node_that_died(tmp_path: Path) -> None:
+    d = tmp_path / "r.rdzv"
+    nodes = [_rdzv(d, k, 2) for k in range(2)]
+    assert all(isinstance(s, Session) for s in _join_all(nodes))
+    nodes[1]._stop.set()  # node 1 dies: its claim stays, no longer heartbeating
+    start = time.monotonic()
+    nodes[0].close(success=True)
+    assert time.monotonic() - start < nodes[0].stale_after_s + 2
+    assert not (d / "session.json").exists()
+
+
 def test_duplicate_node_index_fails_fast(tmp_path: Path) -> None:
     d = tmp_path / "r.rdzv"
     first = _rdzv(d, 1, 2, timeout=10)
