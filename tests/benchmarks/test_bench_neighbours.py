@@ -33,6 +33,7 @@ def test_quick_run_prints_the_table_and_ends_its_neighbours(tmp_path: Path) -> N
         "ours, wait active",
         "plain, 1 thread",
         f"plain, {cores} threads passive",
+        f"plain, {cores} threads default",
         f"plain, {cores} threads active",
     }
     assert set(measured["results"]) == {"neighbours"}  # --quick: the part with neighbours
@@ -53,3 +54,9 @@ def test_quick_run_prints_the_table_and_ends_its_neighbours(tmp_path: Path) -> N
     for pid in measured["neighbour_pids"]:  # SIGKILLed and reaped: gone
         with pytest.raises(ProcessLookupError):
             os.kill(pid, 0)
+
+
+def test_an_unknown_condition_is_refused_naming_it() -> None:
+    proc = run_module("benchmarks.bench_neighbours", "--conditions", "quiet,noisy", timeout=120)
+    assert proc.returncode == 2
+    assert "--conditions: unknown ['noisy']" in proc.stderr
