@@ -154,7 +154,7 @@ class CartPoleLoop:
             while not done:
                 state = torch.from_numpy(np.asarray(obs, dtype=np.float32)[cols]).unsqueeze(0)
                 with torch.no_grad():
-                    obs, reward, term, trunc, _ = env.step(act(state, torch.ones_like(state)))
+                    obs, reward, term, trunc, _ = env.step(act(state, torch.ones_like(state))[0])
                 returns[ep] += float(reward)
                 discounted[ep] += float(reward) * gamma**t
                 t += 1

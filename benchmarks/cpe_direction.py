@@ -200,7 +200,7 @@ def play_model(model_dir: Path, env_id: str, episodes: int, gamma: float) -> np.
         while not done:
             state = torch.from_numpy(np.asarray(obs, dtype=np.float32)[cols]).unsqueeze(0)
             with torch.no_grad():
-                obs, r, term, trunc, _ = env.step(act(state, torch.ones_like(state)))
+                obs, r, term, trunc, _ = env.step(act(state, torch.ones_like(state))[0])
             rewards.append(float(r))
             done = bool(term or trunc)
         out[ep] = sum(rewards), discounted(np.asarray(rewards), gamma)

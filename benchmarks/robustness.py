@@ -203,7 +203,7 @@ def exported_actor(model_dir: Path) -> Callable[[np.ndarray], int]:
     def greedy(obs: np.ndarray) -> int:
         state = torch.from_numpy(obs[cols]).unsqueeze(0)
         with torch.no_grad():
-            return act(state, torch.ones_like(state))
+            return act(state, torch.ones_like(state))[0]
 
     return greedy
 

@@ -49,6 +49,45 @@ def test_rollout_is_deterministic_and_bounded(trained_run: Path) -> None:
     assert capped["timed_out"] == 0
 
 
+def test_episodes_stepped_together_return_what_each_returns_alone(
+    trained_run: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import gymnasium as gym
+    import numpy as np
+    import torch
+
+    from reagent_lite.evaluation import online
+    from reagent_lite.safe_load import load_program
+
+    meta = json.loads((trained_run / "model_meta.json").read_text())
+    kind = get_kind(meta["workflow"])
+    space = kind.space_type.from_json(meta)
+    act = kind.greedy_actor(load_program(trained_run / "model.pt2", "test").module(), space, 2)
+    cols = [int(f) for f in space.state_ids]
+    alone = []  # one episode at a time, one state per call: the reference
+    for ep in range(5):
+        env = gym.make("CartPole-v1")
+        obs, _ = env.reset(seed=3 + ep)
+        total, done = 0.0, False
+        while not done:
+            state = torch.from_numpy(np.asarray(obs, dtype=np.float32)[cols]).unsqueeze(0)
+            with torch.no_grad():
+                (action,) = act(state, torch.ones_like(state))
+            obs, reward, terminated, truncated, _ = env.step(action)
+            total += float(reward)
+            done = terminated or truncated
+        alone.append(total)
+    assert len(set(alone)) > 1  # episodes of different lengths: some leave the group early
+    monkeypatch.setattr(online, "LOCKSTEP_ENVS", 2)  # groups of 2, 2, 1
+    together = rollout_exported_model(
+        trained_run / "model.pt2", env_id="CartPole-v1", episodes=5, seed=3, kind=kind,
+        space=space,
+    )  # fmt: skip
+    assert together["mean_return"] == pytest.approx(float(np.mean(alone)))
+    assert together["median_return"] == pytest.approx(float(np.median(alone)))
+    assert together["std_return"] == pytest.approx(float(np.std(alone)))
+
+
 def test_report_draws_png(trained_run: Path, tmp_path: Path) -> None:
     path = draw_report(trained_run, tmp_path / "report.png")
     data = path.read_bytes()

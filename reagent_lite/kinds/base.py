@@ -49,8 +49,9 @@ C = TypeVar("C", bound=BaseWorkflowConfig)
 
 # Columns only evaluation reads: never gathered or streamed for training steps.
 EVAL_ONLY_FIELDS = ("propensity", "mdp_id", "sequence_number")
-# A greedy policy over an environment's discrete actions: (state, presence) → env action.
-Actor = Callable[[Tensor, Tensor], int]
+# A greedy policy over an environment's discrete actions: (states, presence), one row per
+# environment, → one env action per row (the online check steps many episodes at once).
+Actor = Callable[[Tensor, Tensor], list[int]]
 
 
 @dataclass

@@ -190,9 +190,9 @@ class DiscreteKind(Kind[DQNWorkflowConfig, DiscreteSpace]):
         # Action names that are integers name the environment's action; others go by position.
         env_action = [int(a) if a.isdigit() else i for i, a in enumerate(space.actions)]
 
-        def act(state: Tensor, presence: Tensor) -> int:
+        def act(state: Tensor, presence: Tensor) -> list[int]:
             q = program(state, presence)
-            return env_action[int(q.argmax(dim=1).item())]
+            return [env_action[j] for j in q.argmax(dim=1).tolist()]
 
         return act
 

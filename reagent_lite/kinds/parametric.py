@@ -255,9 +255,13 @@ class ParametricKind(Kind[ParametricDQNWorkflowConfig, ParametricSpace]):
                     presence[0, k, column[fid]] = 1.0
         mask = torch.ones(1, n_env_actions)
 
-        def act(state: Tensor, state_presence: Tensor) -> int:
-            q = program(state, state_presence, cand, presence, mask)
-            return int(q.argmax(dim=1).item())
+        def act(state: Tensor, state_presence: Tensor) -> list[int]:
+            b = state.shape[0]
+            q = program(
+                state, state_presence, cand.expand(b, -1, -1), presence.expand(b, -1, -1),
+                mask.expand(b, -1),
+            )  # fmt: skip
+            return [int(j) for j in q.argmax(dim=1).tolist()]
 
         return act
 

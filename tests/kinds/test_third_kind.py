@@ -269,7 +269,7 @@ class BanditKind(Kind[BanditConfig, DiscreteSpace]):
         ).append_column("best_action", pa.array(best.tolist(), type=pa.string()))
 
     def greedy_actor(self, program: Any, space: DiscreteSpace, n_env_actions: int) -> Actor:
-        return lambda state, presence: int(program(state, presence).argmax(dim=1).item())
+        return lambda state, presence: program(state, presence).argmax(dim=1).tolist()
 
     def acting(self, space: DiscreteSpace) -> Acting:
         # Served as a dqn model is: one expected reward per named arm.
