@@ -27,17 +27,6 @@ def foreach_lerp_(targets: Sequence[Tensor], sources: Sequence[Tensor], weight: 
         t.lerp_(s, weight)
 
 
-def foreach_copy_(targets: Sequence[Tensor], sources: Sequence[Tensor]) -> None:
-    """targets[i].copy_(sources[i]) as one multi-tensor kernel (`torch._foreach_copy_`);
-    plain copies inside a CUDA graph too."""
-    fn = getattr(torch, "_foreach_copy_", None)
-    if fn is not None:
-        fn(list(targets), list(sources))
-        return
-    for t, s in zip(targets, sources, strict=True):
-        t.copy_(s)
-
-
 def silence_capturable_warning(optimizer: torch.optim.Optimizer) -> None:
     """A capturable optimizer stepped outside a CUDA graph warns once; the step runner does
     that on purpose (warm-up steps, the eager fallback), so mark it as warned already.
