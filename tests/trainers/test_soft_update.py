@@ -57,3 +57,17 @@ def test_each_form_runs_its_own_operator() -> None:
     # what it saves there is the Python calls, one per tensor.
     assert "aten::_foreach_lerp_" in _ops(SoftUpdate(target, online))
     assert _ops(SoftUpdate(target, online, multi_tensor=False)) == {"aten::lerp_"}
+
+
+def test_a_torch_without_the_multi_tensor_operator_takes_the_plain_path(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """`torch_private.foreach_lerp_` falls back to the per-tensor loop where torch lacks
+    `_foreach_lerp_` (a release that renames it): the same update, by `lerp_`."""
+    target, online = _pair(3)
+    before = [p.detach().clone() for p in target.parameters()]
+    monkeypatch.delattr(torch, "_foreach_lerp_")
+    update = SoftUpdate(target, online)
+    assert _ops(update) == {"aten::lerp_"}  # τ = 0.5
+    for new, old, o in zip(target.parameters(), before, online.parameters(), strict=True):
+        torch.testing.assert_close(new.detach(), old + 0.5 * (o.detach() - old))
