@@ -28,6 +28,7 @@ why.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import statistics
@@ -182,9 +183,11 @@ def child_main(spec: dict[str, Any]) -> None:
 
 
 def isolated_arm(
-    row: Row, arm: str, data: Path, out: Path, args: argparse.Namespace, r: int
+    row: Row, data: Path, work: Path, args: argparse.Namespace, arm: str, r: int
 ) -> tuple[float, str]:
-    """The arm in a fresh `python -m benchmarks.speedups --child` process (hard timeout)."""
+    """The arm in a fresh `python -m benchmarks.speedups --child` process (hard timeout),
+    its run in `work`/<arm>_<round>."""
+    out = work / f"{arm}_{r}"
     spec = {"row": label(row), "arm": arm, "data": str(data), "out": str(out), "round": r}
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH", "")) if p)
@@ -206,7 +209,7 @@ def isolated_arm(
 
 
 def multi_gpu_arm(
-    row: Row, arm: str, out: Path, args: argparse.Namespace, r: int
+    row: Row, out: Path, args: argparse.Namespace, arm: str, r: int
 ) -> tuple[float, str]:
     """The arm as one job on every GPU of this host through the real entry point
     (`multi_gpu.py`'s runs): the median transitions/s of its epochs after the first, and
@@ -278,7 +281,7 @@ def select(args: argparse.Namespace) -> tuple[list[Row], dict[str, str]]:
         if args.rows and row.name not in args.rows:
             skipped[label(row)] = "not in --rows"
         elif row.cpu_compile and args.quick:
-            skipped[label(row)] = "--quick: compiling a CPU step takes minutes"
+            skipped[label(row)] = "--quick: compiling a CPU step (minutes with a cold cache)"
         elif row.multi_gpu and gpus < 2:
             skipped[label(row)] = f"needs 2 GPUs of one host, found {gpus}"
         else:
@@ -297,13 +300,11 @@ def open_rows(
     for i, row in enumerate(rows):
         key = label(row)
         if row.multi_gpu:
-            runs[key] = lambda arm, r, row=row: multi_gpu_arm(row, arm, work, args, r)
+            runs[key] = functools.partial(multi_gpu_arm, row, work, args)
             continue
         data = (quick_data if args.quick else sample_data)(row.kind, Path(args.data_dir))
         if row.isolated:
-            runs[key] = lambda arm, r, row=row, data=data, i=i: isolated_arm(
-                row, arm, data, work / f"row{i}_{arm}_{r}", args, r
-            )
+            runs[key] = functools.partial(isolated_arm, row, data, work / f"row{i}", args)
             continue
         try:
             arms = {
@@ -313,8 +314,13 @@ def open_rows(
         except Exception as err:  # a row that cannot be built says why; the others run
             skipped[key] = f"failed to build: {type(err).__name__}: {err}"[:300]
             continue
-        runs[key] = lambda arm, r, arms=arms: (arms[arm][0](args.steps, r), arms[arm][1])
+        runs[key] = functools.partial(_timed, arms, args.steps)
     return runs
+
+
+def _timed(arms: dict[str, tuple[Timer, str]], steps: int, arm: str, r: int) -> tuple[float, str]:
+    timer, choice = arms[arm]
+    return timer(steps, r), choice
 
 
 def measure(
