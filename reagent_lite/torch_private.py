@@ -18,24 +18,19 @@ from torch import Tensor
 
 def foreach_lerp_(targets: Sequence[Tensor], sources: Sequence[Tensor], weight: float) -> None:
     """targets[i] ← targets[i] + weight·(sources[i] − targets[i]), in place: one multi-tensor
-    kernel (`torch._foreach_lerp_`) instead of a loop of `lerp_` calls."""
+    kernel (`torch._foreach_lerp_`) instead of a loop of `lerp_` calls (`lerp_each_`, also
+    the fallback where torch lacks it)."""
     fn = getattr(torch, "_foreach_lerp_", None)
     if fn is not None:
         fn(list(targets), list(sources), weight)
         return
+    lerp_each_(targets, sources, weight)
+
+
+def lerp_each_(targets: Sequence[Tensor], sources: Sequence[Tensor], weight: float) -> None:
+    """`foreach_lerp_` as a loop of the public per-tensor `lerp_`: its plain path."""
     for t, s in zip(targets, sources, strict=True):
         t.lerp_(s, weight)
-
-
-def foreach_copy_(targets: Sequence[Tensor], sources: Sequence[Tensor]) -> None:
-    """targets[i].copy_(sources[i]) as one multi-tensor kernel (`torch._foreach_copy_`);
-    plain copies inside a CUDA graph too."""
-    fn = getattr(torch, "_foreach_copy_", None)
-    if fn is not None:
-        fn(list(targets), list(sources))
-        return
-    for t, s in zip(targets, sources, strict=True):
-        t.copy_(s)
 
 
 def silence_capturable_warning(optimizer: torch.optim.Optimizer) -> None:

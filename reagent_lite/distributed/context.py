@@ -19,7 +19,6 @@ from torch import Tensor
 from reagent_lite.config.models import Switch
 from reagent_lite.distributed.failures import is_collective_error as is_collective_error
 from reagent_lite.distributed.peer_sum import PeerSum, agree_on_peer_sum
-from reagent_lite.torch_private import foreach_copy_
 
 
 @dataclass(frozen=True)
@@ -236,7 +235,10 @@ class GradAverage:
             for part, g in zip(flat.split([g.numel() for g in grads]), grads, strict=True)
         ]
         if not self._views:
-            foreach_copy_(grads, parts)
+            # Rare (no shipped network has such parameters): per-tensor copies, public API
+            # and capturable; a multi-tensor copy saved only launches on this fallback route.
+            for g, part in zip(grads, parts, strict=True):
+                g.copy_(part)
             return
         # The averaged values become the gradients themselves, not a copy: every step
         # starts from `zero_grad(set_to_none=True)`, so nothing else holds them.
