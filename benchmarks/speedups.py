@@ -13,7 +13,6 @@ why.
 | row | where it is used | speed-up / plain |
 |---|---|---|
 | keep_freed_memory | CPU, parametric step | `training.step_plan.keep_freed_memory` on / off; each arm in a fresh process every round (mallopt is process-wide and is never undone) |
-| target_update | CPU eager dqn step; CUDA graph dqn step | soft update's multi-tensor `_foreach_lerp_` / a public `lerp_` per tensor |
 | output_sum | compiled steps (CUDA; a CPU too without `--quick`) | `training.step_variants.output_sum` auto / off (dqn fp32, and parametric fp32 on CUDA) |
 | pad_first_layer | compiled CUDA steps with tensor-core products: parametric tf32 and bf16, dqn bf16 | `training.step_variants.pad_first_layer` on / off |
 | candidate_kernel | compiled CUDA parametric fp32, tf32, bf16 | `training.step_variants.candidate_kernel` on / off |
@@ -57,17 +56,16 @@ class Row:
     """One speed-up against its plain path: `kind` "dqn" / "parametric"; `training`, the
     config's `training` keys both arms share; `speed` / `plain`, each arm's own (nested
     under `training`); `plan_key`, the `training step:` plan entry that must read "on" for
-    the speed-up and "off (...)" for the plain arm (None: the target update, which has no
-    plan entry: its update object says); `isolated`: each arm in a fresh process;
+    the speed-up and "off (...)" for the plain arm; `isolated`: each arm in a fresh process;
     `multi_gpu`: each arm a job on every GPU of the host."""
 
     name: str
     devices: tuple[str, ...]
+    plan_key: str
     kind: str = "dqn"
     training: dict[str, Any] = field(default_factory=dict)
     speed: dict[str, Any] = field(default_factory=dict)
     plain: dict[str, Any] = field(default_factory=dict)
-    plan_key: str | None = None
     graph: bool = False
     isolated: bool = False
     multi_gpu: bool = False
@@ -89,8 +87,6 @@ COMPILED = {"compile": True}
 ROWS = [
     Row("keep_freed_memory", ("cpu",), kind="parametric", isolated=True,
         plan_key="keep_freed_memory", **_plan("keep_freed_memory")),
-    Row("target_update", ("cpu",)),
-    Row("target_update", ("cuda",), graph=True),
     Row("output_sum", ("cpu",), training=COMPILED, cpu_compile=True, plan_key="output_sum",
         **_variants("output_sum", "auto")),
     Row("output_sum", ("cuda",), training=COMPILED, graph=True, plan_key="output_sum",
@@ -146,17 +142,11 @@ def build(row: Row, arm: str, data: Path, out: Path, args: argparse.Namespace) -
     kind = "dqn" if row.kind == "dqn" else "parametric_dqn"
     wf = Workflow(kind, config_from_dict(cfg, cls), DistContext.single(args.device))
     wf.setup()
-    if row.name == "target_update" and arm == "plain":
-        # No config key: the multi-tensor kernel is what every step runs; its plain path is
-        # the trainer's own update object switched to a public `lerp_` per tensor.
-        wf.trainer._soft_update.multi_tensor = False
     return wf
 
 
 def took(row: Row, wf: Workflow) -> str:
     """The choice the arm's step took, as its plan names it ("on" / "off (why)")."""
-    if row.plan_key is None:
-        return "on" if wf.trainer._soft_update.multi_tensor else "off (a lerp_ per tensor)"
     return wf.step_runner().plan()[row.plan_key]
 
 

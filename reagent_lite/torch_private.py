@@ -9,28 +9,10 @@ not all over the package. (Developer tools in `benchmarks/` may use more.)
 from __future__ import annotations
 
 import importlib
-from collections.abc import Sequence
 
 import torch
 import torch.distributed as dist
 from torch import Tensor
-
-
-def foreach_lerp_(targets: Sequence[Tensor], sources: Sequence[Tensor], weight: float) -> None:
-    """targets[i] ← targets[i] + weight·(sources[i] − targets[i]), in place: one multi-tensor
-    kernel (`torch._foreach_lerp_`) instead of a loop of `lerp_` calls (`lerp_each_`, also
-    the fallback where torch lacks it)."""
-    fn = getattr(torch, "_foreach_lerp_", None)
-    if fn is not None:
-        fn(list(targets), list(sources), weight)
-        return
-    lerp_each_(targets, sources, weight)
-
-
-def lerp_each_(targets: Sequence[Tensor], sources: Sequence[Tensor], weight: float) -> None:
-    """`foreach_lerp_` as a loop of the public per-tensor `lerp_`: its plain path."""
-    for t, s in zip(targets, sources, strict=True):
-        t.lerp_(s, weight)
 
 
 def silence_capturable_warning(optimizer: torch.optim.Optimizer) -> None:
