@@ -14,7 +14,7 @@ why.
 |---|---|---|
 | keep_freed_memory | CPU, parametric step | `training.step_plan.keep_freed_memory` on / off; each arm in a fresh process every round (mallopt is process-wide and is never undone) |
 | output_sum | compiled steps (CUDA; a CPU too without `--quick`) | `training.step_variants.output_sum` auto / off (dqn fp32, and parametric fp32 on CUDA) |
-| pad_first_layer | compiled CUDA steps with tensor-core products: parametric tf32 and bf16, dqn bf16 | `training.step_variants.pad_first_layer` on / off |
+| pad_first_layer | compiled CUDA steps with TF32 products: parametric tf32 | `training.step_variants.pad_first_layer` on / off |
 | candidate_kernel | compiled CUDA parametric fp32, tf32, bf16 | `training.step_variants.candidate_kernel` on / off |
 | compile_cache | compiled CUDA dqn bf16 | `training.step_plan.compile_cache` off (the plan's auto on CUDA) / on (torch's default); one GPU, one process: the on arm compiles after the off arm, with whatever the cache holds (the slowdown it avoids was measured on 2 GPUs loading a 1-GPU entry) |
 | p2p_allreduce | ≥ 2 GPUs of one host, compiled dqn bf16 | `training.step_plan.p2p_allreduce` on / off, through `python -m workflows.dqn_workflow` on every GPU (`multi_gpu.py`'s runs), a fresh job per arm and round |
@@ -93,10 +93,9 @@ ROWS = [
         **_variants("output_sum", "auto")),
     Row("output_sum", ("cuda",), kind="parametric", training=COMPILED, graph=True,
         plan_key="output_sum", **_variants("output_sum", "auto")),
-    *(Row("pad_first_layer", ("cuda",), kind=kind, graph=True,
-          training={**COMPILED, "precision": precision}, plan_key="pad_first_layer",
-          **_variants("pad_first_layer", "on"))
-      for kind, precision in (("parametric", "tf32"), ("parametric", "bf16"), ("dqn", "bf16"))),
+    Row("pad_first_layer", ("cuda",), kind="parametric", graph=True,
+        training={**COMPILED, "precision": "tf32"}, plan_key="pad_first_layer",
+        **_variants("pad_first_layer", "on")),
     *(Row("candidate_kernel", ("cuda",), kind="parametric", graph=True,
           training={**COMPILED, "precision": precision}, plan_key="candidate_kernel",
           **_variants("candidate_kernel", "on"))

@@ -31,7 +31,7 @@ from reagent_lite.config.models import Precision, StepPlanParameters, StepVarian
 from reagent_lite.distributed.context import GradAverage
 from reagent_lite.models.traced import ForwardOptions
 from reagent_lite.trainers.optim import OptimizerKernel
-from reagent_lite.training.compiled import SUM_OUTPUTS
+from reagent_lite.training.compiled import BF16_NOT_PADDED, SUM_OUTPUTS
 from reagent_lite.training.host_memory import HostMemory
 
 log = logging.getLogger("reagent_lite")
@@ -228,6 +228,8 @@ class StepPlan:
             return f"{VARIANTS}.{key} is off"
         cuda = self.device.type == "cuda"
         if key == "pad_first_layer":
+            if self.precision == "bf16":
+                return BF16_NOT_PADDED
             if mode == "auto" and not cuda:
                 return "no CUDA"
             if not self.options.row_align:
