@@ -198,14 +198,6 @@ class StepPlanParameters(_Model):
     takes one where it was measured faster and says in the step's log line why not
     elsewhere; `on` also warns when it cannot be taken; `off` keeps the plain path."""
 
-    p2p_allreduce: Switch = Field(
-        default="auto",
-        description="Sum the gradients of a CUDA-graph step over the GPUs of one host with "
-        "one peer-to-peer kernel (symmetric memory) instead of NCCL. auto: where every rank "
-        "can use it and a test sum is right, for up to 8 MiB of gradients; on: also past "
-        "8 MiB, with a warning where it cannot be used (one rank, CPU, several nodes, no "
-        "peer access); off: NCCL (set it where peer access runs over PCIe).",
-    )
     compile_cache: Switch = Field(
         default="auto",
         description="Let a compiled step (training.compile) load and store torch's on-disk "

@@ -130,7 +130,7 @@ def _agree_worker(rank: int, init: str, out: str) -> None:
             torch.zeros(()),
             precision="fp32",
             kernels=StepKernels(apply=apply),
-            averaging=Averaging(ctx, "auto"),
+            averaging=Averaging(ctx),
         )
         source = ResidentRows(
             {"state": torch.zeros(8, 4)}, None, EpochSampler(8, 4, 2, seed=0), 1, 2, 4

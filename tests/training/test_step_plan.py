@@ -26,7 +26,6 @@ KEYS = [
     "output_sum",
     "pad_first_layer",
     "candidate_kernel",
-    "p2p_allreduce",
     "compile_cache",
     "keep_freed_memory",
     "tf32",
@@ -51,7 +50,6 @@ def test_a_cpu_run_names_every_choice_once(
         "output_sum": "off (training.compile is false)",
         "pad_first_layer": "off (training.compile is false)",
         "candidate_kernel": "off (training.compile is false)",
-        "p2p_allreduce": "off (one rank)",
         "compile_cache": "off (training.compile is false)",
         "tf32": "off (no CUDA: CPU float32 products are IEEE)",
     }
@@ -60,8 +58,8 @@ def test_a_cpu_run_names_every_choice_once(
     assert lines[0].endswith(
         "; plan: precision fp32, compile off (training.compile is false), graph off (no CUDA), "
         "output_sum off (training.compile is false), pad_first_layer off (training.compile "
-        "is false), candidate_kernel off (training.compile is false), p2p_allreduce off (one "
-        "rank), compile_cache off (training.compile is false), "
+        "is false), candidate_kernel off (training.compile is false), compile_cache off "
+        "(training.compile is false), "
         f"keep_freed_memory {plan['keep_freed_memory']}, tf32 off (no CUDA: CPU "
         "float32 products are IEEE)"
     ), lines[0]
@@ -73,7 +71,6 @@ def test_asking_on_for_what_a_cpu_run_cannot_take_warns_and_trains_plainly(
 ) -> None:
     training = {
         "step_variants": {"candidate_kernel": "on", "pad_first_layer": "on"},
-        "step_plan": {"p2p_allreduce": "on"},
     }
     with caplog.at_level(logging.WARNING, logger="reagent_lite"):
         wf = run_workflow(tiny_dqn_config(tmp_path, epochs=1, training=training))
@@ -82,9 +79,8 @@ def test_asking_on_for_what_a_cpu_run_cannot_take_warns_and_trains_plainly(
         "false; the plain path runs",
         "training.step_variants.candidate_kernel is on but not taken: training.compile is "
         "false; the plain path runs",
-        "training.step_plan.p2p_allreduce is on but not taken: one rank; the plain path runs",
     ]
-    assert len(wf.history) == 1 and wf.history[0]["step_plan"]["p2p_allreduce"] == "off (one rank)"
+    assert len(wf.history) == 1 and "p2p_allreduce" not in wf.history[0]["step_plan"]
 
 
 def _plan(
@@ -94,7 +90,6 @@ def _plan(
     chosen = StepVariants(**variants)  # type: ignore[arg-type]
     plan = StepPlan(
         device=dev,
-        world_size=1,
         precision=precision,  # type: ignore[arg-type]
         compile=True,
         cuda_graphs=True,
@@ -108,7 +103,7 @@ def _plan(
 
 
 def _choices(plan: StepPlan, net: torch.nn.Module) -> dict[str, str]:
-    return plan.choices(net, compile_failed="", graph=False, why_eager="", sync=None)
+    return plan.choices(net, compile_failed="", graph=False, why_eager="")
 
 
 def test_a_compiled_cpu_step_names_why_each_form_is_off_or_on() -> None:
@@ -133,9 +128,7 @@ def test_a_compiled_cpu_step_names_why_each_form_is_off_or_on() -> None:
     got = _choices(plan, net)
     assert got["pad_first_layer"] == "off (fp32 products on cpu are IEEE float32)"
     assert got["output_sum"] == "off (training.step_variants.output_sum is off)"
-    failed = plan.choices(
-        net, compile_failed="compile failed: X", graph=False, why_eager="", sync=None
-    )
+    failed = plan.choices(net, compile_failed="compile failed: X", graph=False, why_eager="")
     assert failed["compile"] == failed["output_sum"] == "off (compile failed: X)"
 
     # A form that changes nothing in the network is off, and says so.
@@ -176,20 +169,15 @@ def test_off_keeps_every_form_out_of_the_trace() -> None:
             assert not options.changes_anything()
 
 
-def test_the_deprecated_gradient_sum_switch_maps_onto_the_plan(
+def test_the_removed_gradient_sum_switch_is_no_longer_read(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    env = {"REAGENT_LITE_P2P_ALLREDUCE": "0"}
+    """`REAGENT_LITE_P2P_ALLREDUCE=0` forced NCCL's all-reduce, which every run now uses:
+    the variable changes nothing and is not warned about."""
     with caplog.at_level(logging.WARNING, logger="reagent_lite"):
-        got = asked(StepPlanParameters(), env)
-        quiet = asked(StepPlanParameters(), env, warn=False)
-    assert got.p2p_allreduce == quiet.p2p_allreduce == "off"
-    assert got.keep_freed_memory == "auto"
-    assert caplog.messages == [
-        "REAGENT_LITE_P2P_ALLREDUCE=0 is deprecated and will be removed: set "
-        "training.step_plan.p2p_allreduce in the config instead (auto, on or off); read as "
-        "training.step_plan.p2p_allreduce: off"
-    ]
+        got = asked(StepPlanParameters(), {"REAGENT_LITE_P2P_ALLREDUCE": "0"})
+    assert got == StepPlanParameters()
+    assert caplog.messages == []
 
 
 CUDA = torch.device("cuda", 0)
@@ -252,7 +240,6 @@ def test_the_compile_cache_is_off_by_default_for_a_compiled_cuda_step() -> None:
         dev = torch.device(device)
         plan = StepPlan(
             device=dev,
-            world_size=2,
             precision="bf16",
             compile=compile,
             cuda_graphs=True,
