@@ -14,7 +14,6 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from reagent_lite.data.rows import Rows
-from reagent_lite.torch_private import foreach_lerp_
 from reagent_lite.training.precision import step_precision
 
 GAMMA, TAU, LR = 0.99, 0.01, 1e-3
@@ -101,7 +100,9 @@ class Bare:
             loss.backward()
         self.opt.step()
         with torch.no_grad():
-            foreach_lerp_(list(self.target.parameters()), list(self.net.parameters()), TAU)
+            # The bare loop keeps torch's multi-tensor update (private; developer tools may
+            # use it): the floor our step is held to is the fastest plain form, not ours.
+            torch._foreach_lerp_(list(self.target.parameters()), list(self.net.parameters()), TAU)
         self.loss_sum += loss.detach()
 
     def _precision(self) -> Any:

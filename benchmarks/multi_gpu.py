@@ -1,7 +1,7 @@
 """Multi-GPU runs of the real workflow entry points (issue 8), on one host with G ≥ 2 GPUs.
 
     python -m benchmarks.multi_gpu --out /tmp/mgpu [--batches 1024,8192] [--steps 3000] \\
-        [--epochs 3] [--eager-baseline] [--nccl-baseline] [--skip parametric,nodes] \\
+        [--epochs 3] [--eager-baseline] [--skip parametric,nodes] \\
         [--counts 1,4] [--independent] [--verify-every 200] [--compile --precision bf16] \\
         [--kind parametric]
 
@@ -10,8 +10,7 @@
    per-GPU throughput from metrics.jsonl with the per-process batch held fixed, and the
    weak-scaling efficiency (per-GPU throughput at G GPUs / at 1 GPU). `--eager-baseline`
    adds, per batch, G GPUs with `cuda_graphs: false` (the DDP wrapper's eager step);
-   `--nccl-baseline` G GPUs with the in-graph gradient sum by NCCL instead of the one-shot
-   peer-to-peer kernel; `--independent` G one-GPU runs at once, one per GPU, which share
+   `--independent` G one-GPU runs at once, one per GPU, which share
    only the host: the per-GPU rate weak scaling would keep if the gradient sum were free.
    `--verify-every 0` turns the replica check off (it costs throughput). `--kind parametric`
    runs these with the parametric workflow on `bench_train`'s parametric data (16
@@ -40,7 +39,6 @@ from typing import Any
 
 import torch
 
-from reagent_lite.distributed.peer_sum import KEY as P2P_KEY
 from reagent_lite.training.verify import VERIFY_ENV
 
 REPO = Path(__file__).resolve().parents[1]
@@ -150,8 +148,6 @@ def _weak_scaling(
         per_gpu: dict[int, float] = {}
         counts = [int(c) for c in args.counts.split(",")] if args.counts else range(1, gpus + 1)
         runs = [(n, True, "") for n in counts]
-        if args.nccl_baseline:
-            runs.append((gpus, True, "nccl"))
         if args.independent:
             runs.append((gpus, True, "independent"))
         if args.eager_baseline:
@@ -171,8 +167,6 @@ def _weak_scaling(
             if args.verify_every:
                 extra[VERIFY_ENV] = str(args.verify_every)
             fields = scaling_fields(common, args, batch, graphs)
-            if variant == "nccl":
-                fields["training"]["step_plan"] = {"p2p_allreduce": "off"}
             for i, run_dir in enumerate(run_dirs):
                 cfg = _config(
                     out / f"{run_dir.name}.json",
@@ -327,11 +321,6 @@ def main() -> None:
     parser.add_argument("--epochs", type=int, default=3)
     parser.add_argument("--timeout", type=float, default=400)
     parser.add_argument("--eager-baseline", action="store_true", help="also G GPUs, eager")
-    parser.add_argument(
-        "--nccl-baseline",
-        action="store_true",
-        help=f"also G GPUs with the gradients all-reduced by NCCL ({P2P_KEY}: off)",
-    )
     parser.add_argument(
         "--verify-every",
         type=int,

@@ -13,15 +13,13 @@ why.
 | row | where it is used | speed-up / plain |
 |---|---|---|
 | keep_freed_memory | CPU, parametric step | `training.step_plan.keep_freed_memory` on / off; each arm in a fresh process every round (mallopt is process-wide and is never undone) |
-| target_update | CPU eager dqn step; CUDA graph dqn step | soft update's multi-tensor `_foreach_lerp_` / a public `lerp_` per tensor |
 | output_sum | compiled steps (CUDA; a CPU too without `--quick`) | `training.step_variants.output_sum` auto / off (dqn fp32, and parametric fp32 on CUDA) |
-| pad_first_layer | compiled CUDA steps with tensor-core products: parametric tf32 and bf16, dqn bf16 | `training.step_variants.pad_first_layer` on / off |
+| pad_first_layer | compiled CUDA steps with TF32 products: parametric tf32 | `training.step_variants.pad_first_layer` on / off |
 | candidate_kernel | compiled CUDA parametric fp32, tf32, bf16 | `training.step_variants.candidate_kernel` on / off |
 | compile_cache | compiled CUDA dqn bf16 | `training.step_plan.compile_cache` off (the plan's auto on CUDA) / on (torch's default); one GPU, one process: the on arm compiles after the off arm, with whatever the cache holds (the slowdown it avoids was measured on 2 GPUs loading a 1-GPU entry) |
-| p2p_allreduce | ≥ 2 GPUs of one host, compiled dqn bf16 | `training.step_plan.p2p_allreduce` on / off, through `python -m workflows.dqn_workflow` on every GPU (`multi_gpu.py`'s runs), a fresh job per arm and round |
 
     python -m benchmarks.speedups --device cpu [--rounds 5] [--json out.json]
-    python -m benchmarks.speedups --device cuda [--batch 1024] [--rows output_sum,p2p_allreduce]
+    python -m benchmarks.speedups --device cuda [--batch 1024] [--rows output_sum,pad_first_layer]
     python -m benchmarks.speedups --quick        # the smoke test: tiny data, CPU rows, < 1 min
 """
 
@@ -57,20 +55,18 @@ class Row:
     """One speed-up against its plain path: `kind` "dqn" / "parametric"; `training`, the
     config's `training` keys both arms share; `speed` / `plain`, each arm's own (nested
     under `training`); `plan_key`, the `training step:` plan entry that must read "on" for
-    the speed-up and "off (...)" for the plain arm (None: the target update, which has no
-    plan entry: its update object says); `isolated`: each arm in a fresh process;
-    `multi_gpu`: each arm a job on every GPU of the host."""
+    the speed-up and "off (...)" for the plain arm; `isolated`: each arm in a fresh
+    process."""
 
     name: str
     devices: tuple[str, ...]
+    plan_key: str
     kind: str = "dqn"
     training: dict[str, Any] = field(default_factory=dict)
     speed: dict[str, Any] = field(default_factory=dict)
     plain: dict[str, Any] = field(default_factory=dict)
-    plan_key: str | None = None
     graph: bool = False
     isolated: bool = False
-    multi_gpu: bool = False
     cpu_compile: bool = False  # a compiled row on a CPU: minutes of compiling per arm
     # The plan's speed-up is switching something of torch's off (the compile cache): its
     # arm reads "off (...)", the plain arm (torch's default) "on".
@@ -89,26 +85,21 @@ COMPILED = {"compile": True}
 ROWS = [
     Row("keep_freed_memory", ("cpu",), kind="parametric", isolated=True,
         plan_key="keep_freed_memory", **_plan("keep_freed_memory")),
-    Row("target_update", ("cpu",)),
-    Row("target_update", ("cuda",), graph=True),
     Row("output_sum", ("cpu",), training=COMPILED, cpu_compile=True, plan_key="output_sum",
         **_variants("output_sum", "auto")),
     Row("output_sum", ("cuda",), training=COMPILED, graph=True, plan_key="output_sum",
         **_variants("output_sum", "auto")),
     Row("output_sum", ("cuda",), kind="parametric", training=COMPILED, graph=True,
         plan_key="output_sum", **_variants("output_sum", "auto")),
-    *(Row("pad_first_layer", ("cuda",), kind=kind, graph=True,
-          training={**COMPILED, "precision": precision}, plan_key="pad_first_layer",
-          **_variants("pad_first_layer", "on"))
-      for kind, precision in (("parametric", "tf32"), ("parametric", "bf16"), ("dqn", "bf16"))),
+    Row("pad_first_layer", ("cuda",), kind="parametric", graph=True,
+        training={**COMPILED, "precision": "tf32"}, plan_key="pad_first_layer",
+        **_variants("pad_first_layer", "on")),
     *(Row("candidate_kernel", ("cuda",), kind="parametric", graph=True,
           training={**COMPILED, "precision": precision}, plan_key="candidate_kernel",
           **_variants("candidate_kernel", "on"))
       for precision in ("fp32", "tf32", "bf16")),
     Row("compile_cache", ("cuda",), graph=True, training={**COMPILED, "precision": "bf16"},
         plan_key="compile_cache", speed_is_off=True, **_plan("compile_cache", "off", "on")),
-    Row("p2p_allreduce", ("cuda",), graph=True, training={**COMPILED, "precision": "bf16"},
-        multi_gpu=True, plan_key="p2p_allreduce", **_plan("p2p_allreduce")),
 ]  # fmt: skip
 # Why a row has no arm on a device (printed among the skipped rows).
 NOT_HERE = {
@@ -117,7 +108,6 @@ NOT_HERE = {
     ("pad_first_layer", "cpu"): "auto pads compiled CUDA steps only",
     ("candidate_kernel", "cpu"): "a Triton kernel: CUDA only",
     ("compile_cache", "cpu"): "auto leaves torch's cache on for a CPU: nothing is switched",
-    ("p2p_allreduce", "cpu"): "a sum over the GPUs of one host",
 }
 
 
@@ -146,17 +136,11 @@ def build(row: Row, arm: str, data: Path, out: Path, args: argparse.Namespace) -
     kind = "dqn" if row.kind == "dqn" else "parametric_dqn"
     wf = Workflow(kind, config_from_dict(cfg, cls), DistContext.single(args.device))
     wf.setup()
-    if row.name == "target_update" and arm == "plain":
-        # No config key: the multi-tensor kernel is what every step runs; its plain path is
-        # the trainer's own update object switched to a public `lerp_` per tensor.
-        wf.trainer._soft_update.multi_tensor = False
     return wf
 
 
 def took(row: Row, wf: Workflow) -> str:
     """The choice the arm's step took, as its plan names it ("on" / "off (why)")."""
-    if row.plan_key is None:
-        return "on" if wf.trainer._soft_update.multi_tensor else "off (a lerp_ per tensor)"
     return wf.step_runner().plan()[row.plan_key]
 
 
@@ -208,41 +192,6 @@ def isolated_arm(
     return float(got["rate"]), str(got["took"])
 
 
-def multi_gpu_arm(
-    row: Row, out: Path, args: argparse.Namespace, arm: str, r: int
-) -> tuple[float, str]:
-    """The arm as one job on every GPU of this host through the real entry point
-    (`multi_gpu.py`'s runs): the median transitions/s of its epochs after the first, and
-    the choice its metrics.jsonl's plan names."""
-    from benchmarks import multi_gpu
-
-    gpus = torch.cuda.device_count()
-    common = multi_gpu.run_common(out / "data", args.gpu_epochs)
-    shape = argparse.Namespace(
-        steps=args.steps, precision=row.training["precision"], compile=True, stop_check_every=0
-    )
-    fields = multi_gpu.scaling_fields(common, shape, args.batch, graphs=True)
-    fields["training"] = _merge(fields["training"], row.speed if arm == "speed" else row.plain)
-    run_dir = out / f"{row.name}_{arm}_{r}"
-    cfg = multi_gpu._config(
-        out / f"{run_dir.name}.json",
-        **fields,
-        init_method=(out / f"rdzv_{run_dir.name}").as_uri(),
-        model_output_path=str(run_dir),
-    )
-    log = out / f"{run_dir.name}.log"
-    cmd = [sys.executable, "-m", "workflows.dqn_workflow", "--config", str(cfg)]
-    try:
-        multi_gpu._run([(cmd, multi_gpu._env(",".join(map(str, range(gpus)))))], log, args.timeout)
-    except SystemExit as err:  # its way of saying the job failed: this row's failure only
-        raise RuntimeError(f"{err} (log {log})") from None
-    # Rank 0's first epoch record names the plan as the step took it.
-    records = [json.loads(ln) for ln in (run_dir / "metrics.jsonl").read_text().splitlines() if ln]
-    plans = [r["step_plan"] for r in records if "step_plan" in r]
-    choice = plans[0].get(row.plan_key, "(not in the plan)") if plans else "(no plan recorded)"
-    return multi_gpu._steady_throughput(run_dir), choice
-
-
 def label(row: Row) -> str:
     precision = row.training.get("precision", "fp32")
     step = "compiled" if row.training.get("compile") else "graph" if row.graph else "eager"
@@ -277,13 +226,10 @@ def select(args: argparse.Namespace) -> tuple[list[Row], dict[str, str]]:
         if name not in here:
             skipped[name] = f"{args.device}: " + NOT_HERE.get((name, args.device), "")
     for row in (r for r in ROWS if args.device in r.devices):
-        gpus = torch.cuda.device_count()
         if args.rows and row.name not in args.rows:
             skipped[label(row)] = "not in --rows"
         elif row.cpu_compile and args.quick:
             skipped[label(row)] = "--quick: compiling a CPU step (minutes with a cold cache)"
-        elif row.multi_gpu and gpus < 2:
-            skipped[label(row)] = f"needs 2 GPUs of one host, found {gpus}"
         else:
             rows.append(row)
     return rows, skipped
@@ -299,9 +245,6 @@ def open_rows(
     runs: dict[str, Arm] = {}
     for i, row in enumerate(rows):
         key = label(row)
-        if row.multi_gpu:
-            runs[key] = functools.partial(multi_gpu_arm, row, work, args)
-            continue
         data = (quick_data if args.quick else sample_data)(row.kind, Path(args.data_dir))
         if row.isolated:
             runs[key] = functools.partial(isolated_arm, row, data, work / f"row{i}", args)
@@ -375,9 +318,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--batch", type=int, default=0, help="default 1024 (--quick: 128)")
     p.add_argument("--steps", type=int, default=0, help="timed steps per arm and round")
     p.add_argument("--rounds", type=int, default=0, help="default 5 (--quick: 2)")
-    p.add_argument("--rows", default="", help="only these rows, e.g. output_sum,p2p_allreduce")
-    p.add_argument("--gpu-epochs", type=int, default=3, help="p2p_allreduce: epochs per job")
-    p.add_argument("--timeout", type=int, default=900, help="seconds per child process / job")
+    p.add_argument("--rows", default="", help="only these rows, e.g. output_sum,compile_cache")
+    p.add_argument("--timeout", type=int, default=900, help="seconds per child process")
     p.add_argument("--data-dir", default="outputs/bench_data")
     p.add_argument("--json", default="", help="also write the rounds and ratios here")
     p.add_argument("--quick", action="store_true", help="tiny data and steps: a smoke test")

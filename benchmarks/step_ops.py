@@ -53,7 +53,7 @@ def part_of(op: str, shapes: tuple[tuple[int, ...], ...]) -> str:
         return PARTS[5]
     if op.startswith("aten.sum") and mats and min(mats[0]) >= LARGE:
         return PARTS[5]
-    if op.startswith(("aten._fused_adam", "aten._foreach_lerp", "aten.index_select")):
+    if op.startswith(("aten._fused_adam", "aten._foreach_lerp", "aten.lerp", "aten.index_select")):
         return PARTS[6]
     return PARTS[7]
 

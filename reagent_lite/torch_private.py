@@ -9,28 +9,9 @@ not all over the package. (Developer tools in `benchmarks/` may use more.)
 from __future__ import annotations
 
 import importlib
-from collections.abc import Sequence
 
 import torch
 import torch.distributed as dist
-from torch import Tensor
-
-
-def foreach_lerp_(targets: Sequence[Tensor], sources: Sequence[Tensor], weight: float) -> None:
-    """targets[i] ← targets[i] + weight·(sources[i] − targets[i]), in place: one multi-tensor
-    kernel (`torch._foreach_lerp_`) instead of a loop of `lerp_` calls (`lerp_each_`, also
-    the fallback where torch lacks it)."""
-    fn = getattr(torch, "_foreach_lerp_", None)
-    if fn is not None:
-        fn(list(targets), list(sources), weight)
-        return
-    lerp_each_(targets, sources, weight)
-
-
-def lerp_each_(targets: Sequence[Tensor], sources: Sequence[Tensor], weight: float) -> None:
-    """`foreach_lerp_` as a loop of the public per-tensor `lerp_`: its plain path."""
-    for t, s in zip(targets, sources, strict=True):
-        t.lerp_(s, weight)
 
 
 def silence_capturable_warning(optimizer: torch.optim.Optimizer) -> None:
@@ -49,54 +30,6 @@ def abort_process_groups() -> None:
         abort_all()
     else:
         dist.group.WORLD.abort()  # type: ignore[union-attr]
-
-
-def symmetric_empty(numel: int, dtype: torch.dtype, device: torch.device) -> Tensor:
-    """A flat buffer in symmetric memory (`torch.distributed._symmetric_memory.empty`), to be
-    mapped into the peers' address spaces by `symmetric_rendezvous`. Raises `RuntimeError`
-    when this torch has no symmetric memory."""
-    try:
-        import torch.distributed._symmetric_memory as symm
-    except ImportError as err:  # pragma: no cover - built without distributed
-        raise RuntimeError(f"no symmetric memory in torch {torch.__version__}") from err
-    buf: Tensor = symm.empty(numel, dtype=dtype, device=device)
-    return buf
-
-
-def symmetric_rendezvous(buf: Tensor) -> None:
-    """Maps every rank's `symmetric_empty` buffer into every other rank's address space: a
-    collective over the default group (the same size and dtype on every rank)."""
-    import torch.distributed._symmetric_memory as symm
-
-    group = dist.group.WORLD
-    assert group is not None
-    enable = getattr(symm, "enable_symm_mem_for_group", None)
-    if enable is not None:  # required before torch 2.9; deprecated (still harmless) after
-        import warnings
-
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", FutureWarning)
-            enable(group.group_name)
-    symm.rendezvous(buf, group.group_name)
-
-
-def one_shot_sum(buf: Tensor, out: Tensor) -> Tensor:
-    """out ← the sum over the default group's ranks of their `buf` (a symmetric buffer),
-    one kernel that reads every peer's buffer over NVLink (`torch.ops.symm_mem.
-    one_shot_all_reduce_out`). Every rank adds the ranks' values in rank order, so every
-    rank gets the same bits. Capturable in a CUDA graph."""
-    group = dist.group.WORLD
-    assert group is not None
-    result: Tensor = torch.ops.symm_mem.one_shot_all_reduce_out(buf, "sum", group.group_name, out)
-    return result
-
-
-def has_one_shot_sum() -> bool:
-    """Whether this torch build has `one_shot_sum`'s operator."""
-    try:
-        return hasattr(torch.ops.symm_mem, "one_shot_all_reduce_out")
-    except (AttributeError, RuntimeError):  # pragma: no cover - no symm_mem namespace
-        return False
 
 
 def set_autograd_cache(enabled: bool) -> bool:

@@ -16,9 +16,7 @@ import torch.distributed as dist
 from torch import Tensor
 
 # Re-exported: callers ask the context whether an error is a failed collective.
-from reagent_lite.config.models import Switch
 from reagent_lite.distributed.failures import is_collective_error as is_collective_error
-from reagent_lite.distributed.peer_sum import PeerSum, agree_on_peer_sum
 
 
 @dataclass(frozen=True)
@@ -118,12 +116,12 @@ class DistContext:
             dist.all_reduce(torch.zeros(1, device=self._tensor_device()))
 
     def gradient_average(
-        self, params: Iterable[Tensor], *, scaled_backward: bool = False, peer_sum: Switch
+        self, params: Iterable[Tensor], *, scaled_backward: bool = False
     ) -> GradAverage:
         """What DDP's reducer does to the gradients of `params`, as one callable made of
         tensor ops and one all-reduce, so that it can be captured in a CUDA graph
-        (`scaled_backward`, `peer_sum`: see `GradAverage`)."""
-        return GradAverage(self, list(params), scaled_backward=scaled_backward, peer_sum=peer_sum)
+        (`scaled_backward`: see `GradAverage`)."""
+        return GradAverage(self, list(params), scaled_backward=scaled_backward)
 
     def barrier(self) -> None:
         """Wait until every rank gets here."""
@@ -149,10 +147,8 @@ class GradAverage:
     dtypes differ). Called between backward and the optimizer step
     (`trainers.gradient_step.GradientStep`, built by `training.update`).
 
-    On one host the sum is one kernel over peer links (`peer_sum.PeerSum`) where every rank
-    can use it, else NCCL's all-reduce; the first call (an eager step, before any capture)
-    decides, every rank the same way (`peer_sum.agree_on_peer_sum`), as `peer_sum`
-    (`training.step_plan.p2p_allreduce`) allows.
+    The sum is the process group's all-reduce (NCCL on GPUs). (A one-kernel peer-to-peer
+    sum over symmetric memory was removed: +3% on 2 and 4 GPUs, under 5%.)
 
     With `scaled_backward` the caller's backward already multiplied the gradients by
     `loss_scale` (1 / world size, as the seed of the backward: `trainers.optim.BackwardSeed`)
@@ -168,68 +164,32 @@ class GradAverage:
         params: list[Tensor],
         *,
         scaled_backward: bool = False,
-        peer_sum: Switch,
     ):
         self.ctx = ctx
         self.scaled_backward = scaled_backward
-        self.peer_sum = peer_sum
         self.params = [p for p in params if p.requires_grad]
         # Views of one flat buffer can stand for the gradients only where they would have
         # the gradient's own layout and dtype.
         self._views = all(p.is_contiguous() for p in self.params) and (
             len({p.dtype for p in self.params}) <= 1
         )
-        self._peer: PeerSum | None = None  # the one-kernel sum, if the first call chose it
-        self._decided = False
-        self.peer_declined = ""  # why the first call chose no peer sum, once it chose
-        # Whether any call summed through the process group's all-reduce (NCCL on GPUs):
-        # a graph captured over such a call holds an NCCL collective.
-        self.used_all_reduce = False
 
     @property
     def loss_scale(self) -> float:
         """What the caller's backward must multiply the gradients by (1: nothing)."""
         return 1.0 / self.ctx.world_size if self.scaled_backward else 1.0
 
-    def peer_choice(self) -> str:
-        """The step plan's name for the route: "on" (the peer sum) or "off (why)"."""
-        if self._peer is not None:
-            return "on"
-        return f"off ({self.peer_declined or 'not decided yet: no gradient summed'})"
-
     def describe(self) -> str:
-        if self._peer is not None:
-            return "one-shot peer-to-peer all-reduce (symmetric memory)"
         return "NCCL all-reduce" if self.ctx.backend == "nccl" else f"{self.ctx.backend} all-reduce"
 
     def __call__(self) -> None:
         grads = [p.grad for p in self.params if p.grad is not None]
         if not grads:
             return
-        numel = sum(g.numel() for g in grads)
-        if not self._decided:
-            # The same params on every rank: every rank asks, or none does.
-            if not self.ctx.is_distributed:
-                self.peer_declined = "no process group"
-            elif not self._views:
-                self.peer_declined = "gradients of mixed layouts or dtypes"
-            else:
-                self._peer, self.peer_declined = agree_on_peer_sum(
-                    self.ctx, numel, grads[0].dtype, self.peer_sum
-                )
-            self._decided = True
-        # NCCL where no peer sum fits (or the gradient set changed size: the same everywhere).
-        peer = self._peer if self._peer is not None and self._peer.input.numel() == numel else None
-        flat = torch.cat(
-            [g.reshape(-1) for g in grads], out=peer.input if peer is not None else None
-        )
+        flat = torch.cat([g.reshape(-1) for g in grads])
         if not self.scaled_backward:
             flat.div_(self.ctx.world_size)
-        if peer is None:
-            self.used_all_reduce |= self.ctx.is_distributed
-            flat = self.ctx.all_reduce_sum(flat)
-        else:
-            flat = peer()
+        flat = self.ctx.all_reduce_sum(flat)
         parts = [
             part.view_as(g)
             for part, g in zip(flat.split([g.numel() for g in grads]), grads, strict=True)

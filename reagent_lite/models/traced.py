@@ -9,11 +9,10 @@ step plan (`training.compiled.forward_options`) decides once from the config, th
 and the precision:
 
 * `row_align` — a first layer whose rows are not a multiple of `row_align` features (16
-  bytes in the dtype of a tensor-core product: 8 in bf16, 4 in tf32) multiplies
-  zero-padded rows by a zero-padded weight, so that cuBLAS takes its aligned kernels for
-  the product and the weight's gradient instead of align-1 split-K ones
-  (benchmarks/RESULTS.md). The plan leaves it 0 for IEEE float32 products (the padding
-  measured 1% slower there).
+  bytes: 4 float32 on TF32 tensor cores) multiplies zero-padded rows by a zero-padded
+  weight, so that cuBLAS takes its aligned kernels for the product and the weight's
+  gradient instead of align-1 split-K ones (benchmarks/RESULTS.md). The plan sets it for
+  TF32 products only: IEEE float32 measured 1% slower padded, bf16 under 5% faster.
 * `sum_outputs` — an output layer of at most that many outputs is a product and a sum:
   Inductor fuses it with the previous activation into one reduction kernel, where a
   matrix product this thin would first write that activation out and read it back.

@@ -65,24 +65,28 @@ log = logging.getLogger("reagent_lite")
 # on one host, on four; the bound of 4 is a guess between those and the wider layers whose
 # matrix product is not so thin.
 SUM_OUTPUTS = 4
-# A row of a tensor-core product's first layer is padded to this (`models.traced`).
+# A row of a TF32 product's first layer is padded to this (`models.traced`).
 ALIGN_BYTES = 16
+# Why bf16 products are not padded: the same-run A/B (benchmarks/RESULTS.md, "A first layer
+# of 14 features padded to 16 under tf32 / bf16") gave dqn +2.6% and parametric ±0%, under
+# the 5% a speed-up must earn; tf32 gave +13%. The step plan names it in its choice.
+BF16_NOT_PADDED = "bf16 products are not padded: measured under 5% faster"
 
 
 def forward_options(
     variants: StepVariants, device: torch.device, precision: Precision
 ) -> ForwardOptions:
     """The forms a compiled step on `device` in `precision` traces (`models.traced`), as
-    `training.step_variants` asks; `auto` is what was measured faster: padding for tf32 /
-    bf16 products on CUDA only, the sum everywhere, the kernel where Triton runs (`on`:
-    the same, the step plan warning where it cannot run)."""
+    `training.step_variants` asks; `auto` is what was measured faster: padding for tf32
+    products (CUDA only), the sum everywhere, the kernel where Triton runs (`on`: the
+    same, the step plan warning where it cannot run)."""
     cuda = device.type == "cuda"
-    pad = variants.pad_first_layer == "on" or (variants.pad_first_layer == "auto" and cuda)
-    # Tensor-core products only: bf16 (2 bytes), float32 on TF32 cores (a CUDA setting: a
-    # CPU step in tf32 is IEEE fp32). IEEE products keep their maths bit for bit.
-    itemsize = {"fp32": 0, "tf32": 4 if cuda else 0, "bf16": 2}[precision]
+    pad = variants.pad_first_layer != "off"
+    # TF32 products only: float32 on tensor cores is a CUDA setting (a CPU step in tf32 is
+    # IEEE fp32, whose products keep their maths bit for bit); bf16: `BF16_NOT_PADDED`.
+    tf32 = precision == "tf32" and cuda
     return ForwardOptions(
-        row_align=ALIGN_BYTES // itemsize if pad and itemsize else 0,
+        row_align=ALIGN_BYTES // 4 if pad and tf32 else 0,
         sum_outputs=SUM_OUTPUTS if variants.output_sum == "auto" else 0,
         candidate_kernel=variants.candidate_kernel != "off" and candidate_layer.available(device),
     )

@@ -14,7 +14,7 @@ Several processes (DDP over NCCL): DDP's reducer works on the host and cannot li
 graph, so the step plan has the factory build the captured step averaging the gradients
 itself (`StepShape.average_in_graph`) — the models forward through their plain modules, and between backward and the optimizer step
 one flat buffer per optimizer is all-reduced inside the graph
-(`DistContext.gradient_average`: one peer-to-peer kernel on one host, else NCCL). The DDP wrapper stays for what it did at construction
+(`DistContext.gradient_average`: NCCL's all-reduce). The DDP wrapper stays for what it did at construction
 (rank 0's parameters broadcast, so replicas start identical) and for the eager fallback,
 which every rank takes if capture fails on any rank (`DistContext.all_agree`); a failure
 in the eager warm-up steps, whose all-reduces run, stops the run (`_warmup_failed`). DDP
@@ -23,11 +23,11 @@ node was made on: made on the default stream, the captured backward would have t
 with it, which invalidates the capture. So DDP is built (`ddp_construction`) on the stream
 the step is warmed up and captured on (`capture_stream`). An eager heartbeat all-reduce
 every `_HEARTBEAT_STEPS` replays gives NCCL's watchdog something to time out on, so a dead
-peer still ends the job within `collective_timeout_s`. When the graph holds no NCCL
-collective (the peer-to-peer sum), the heartbeat and the stop check's all-reduce run on a
-stream of their own (`control_stream`): the replays never wait for them, the stop check
-does not wait for the replays (the heartbeat does, so that a stuck replay still times
-out). CPU / gloo runs never capture.
+peer still ends the job within `collective_timeout_s`. The heartbeat and the stop check's
+all-reduce stay on the replays' stream: NCCL orders the eager collectives of a
+communicator as the host issues them, but not against one replayed from a graph, so a
+side-stream collective could pass the graph's on one rank and not on another. CPU / gloo
+runs never capture.
 
 The plumbing: capture needs Adam(W) with `capturable` state on the device and, for a
 learning rate the scheduler changes between epochs, a tensor lr: the step plan decides
@@ -78,15 +78,12 @@ class GraphStep:
         self._static: StaticRows | None = None
         self._lr: list[Tensor] = []
         self._replays = 0
-        self.control_stream: torch.cuda.Stream | None = None  # set by a successful capture
 
     def describe(self) -> str:
         what = "one CUDA graph per step"
         if self.ranks > 1:
             sync = self.step.q_sync
             by = f": {sync.describe()}" if sync is not None and self.graph is not None else ""
-            if self.control_stream is not None:
-                by += ", heartbeat and stop checks on a stream of their own"
             what += f" (gradients all-reduced inside the graph over {self.ranks} ranks{by})"
         return what
 
@@ -148,19 +145,7 @@ class GraphStep:
         assert self._static is not None
         self._static.rewind()
         self.graph = graph
-        if several and self._holds_no_nccl():
-            self.control_stream = torch.cuda.Stream(device)
         return ""
-
-    def _holds_no_nccl(self) -> bool:
-        """True when every gradient sum the graph captured was the peer-to-peer kernel: the
-        eager control collectives (the heartbeat, the stop check's) may then run on a
-        stream of their own. With an NCCL all-reduce in the graph they stay on the
-        replays' stream: NCCL orders the eager collectives of a communicator as the host
-        issues them, but not against one replayed from a graph, which runs when the replay
-        reaches it — a side-stream collective could pass it on one rank and not on another."""
-        syncs = (self.step.q_sync, self.step.cpe_sync)
-        return all(not s.used_all_reduce for s in syncs if s is not None)
 
     def _agree_on_compiled_updates(self) -> None:
         """Over several ranks, all compiled optimizer steps or none: a rank whose
@@ -215,13 +200,7 @@ class GraphStep:
         if self.ranks > 1:
             self._replays += 1
             if self._replays % _HEARTBEAT_STEPS == 0:
-                if self.control_stream is not None:
-                    # After the replays queued so far (a cross-stream wait, no host sync): a
-                    # replay stuck on a peer leaves this heartbeat pending, and NCCL's
-                    # watchdog times it out, as on the replays' own stream.
-                    self.control_stream.wait_stream(torch.cuda.current_stream(self.ctx.device))
-                with torch.cuda.stream(self.control_stream):  # None: the current stream
-                    self.ctx.heartbeat()
+                self.ctx.heartbeat()
 
 
 def _summary(err: Exception) -> str:

@@ -122,18 +122,15 @@ class StopPoints:
         self.check_every = 1 if ctx.world_size == 1 else check_every_steps
         self._lagged = LaggedMax(ctx) if ctx.world_size > 1 and ctx.device.type == "cuda" else None
 
-    def poll(
-        self, done: int, global_step: int, stream: torch.cuda.Stream | None = None
-    ) -> tuple[bool, int]:
-        """(checkpoint due, signal to stop on or 0) after step `done` of the epoch; on GPUs
-        the exchange is queued on `stream` if given (`GraphStep.control_stream`)."""
+    def poll(self, done: int, global_step: int) -> tuple[bool, int]:
+        """(checkpoint due, signal to stop on or 0) after step `done` of the epoch."""
         due = self.cadence.steps_due(global_step)
         if done % self.check_every:
             return due, 0
         clock = self.ctx.is_rank_zero and self.cadence.clock_due()
         flags = [self.stop.signum, int(clock)]
         if self._lagged is not None:
-            signum, clock_due = self._lagged.exchange(flags, stream)
+            signum, clock_due = self._lagged.exchange(flags)
         else:
             signum, clock_due = self.ctx.all_reduce_max(flags)
         return due or bool(clock_due), signum
@@ -169,18 +166,15 @@ class LaggedMax:
     into pinned host memory, and acts on the previous check's result, which the GPU
     reached long ago (waiting on its event at worst keeps the host one interval ahead).
     Every rank reads the same exchange at the same check, so they still decide together,
-    one interval later. Queued on a stream of its own (`stream`, when the captured step
-    holds no NCCL collective), the exchange does not wait for the steps queued before it,
-    and its event no longer holds the host back: the launch queue and the logged loss's
-    all-reduce (every `log_every_steps`) do."""
+    one interval later."""
 
     def __init__(self, ctx: DistContext) -> None:
         self.ctx = ctx
         self._pending: tuple[torch.Tensor, torch.Tensor, torch.Tensor, Any] | None = None
 
-    def exchange(self, values: list[int], stream: torch.cuda.Stream | None = None) -> list[int]:
-        """Queues the MAX all-reduce of `values` (on `stream`, else the current stream);
-        returns the previous call's result (zeros on the first call)."""
+    def exchange(self, values: list[int]) -> list[int]:
+        """Queues the MAX all-reduce of `values` on the current stream; returns the previous
+        call's result (zeros on the first call)."""
         result = [0] * len(values)
         if self._pending is not None:
             _, _, host_out, done = self._pending
@@ -189,12 +183,11 @@ class LaggedMax:
         device = self.ctx.device
         host_in = torch.tensor(values, dtype=torch.int64).pin_memory()
         host_out = torch.empty_like(host_in).pin_memory()
-        with torch.cuda.stream(stream):  # None: the current stream
-            flags = host_in.to(device, non_blocking=True)
-            self.ctx.all_reduce_max_(flags)
-            host_out.copy_(flags, non_blocking=True)
-            event = torch.cuda.Event()
-            event.record(torch.cuda.current_stream(device))
+        flags = host_in.to(device, non_blocking=True)
+        self.ctx.all_reduce_max_(flags)
+        host_out.copy_(flags, non_blocking=True)
+        event = torch.cuda.Event()
+        event.record(torch.cuda.current_stream(device))
         self._pending = (host_in, flags, host_out, event)
         return result
 

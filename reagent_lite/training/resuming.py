@@ -49,7 +49,7 @@ def poll(
     """After step `done` of epoch `state.epoch` (`global_step` in all): a mid-epoch
     checkpoint when one is due, and a stop (`Preempted`) when any rank received
     SIGTERM/SIGINT (preemption.py)."""
-    due, signum = stops.poll(done, global_step, runner.control_stream)
+    due, signum = stops.poll(done, global_step)
     if not (due or signum):
         return
     ranks = stops.ranks_state(runner)

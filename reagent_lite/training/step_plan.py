@@ -3,8 +3,8 @@
 `build_step_runner` (`steps.py`) decides the step from the config, the device and the
 precision; `StepPlan` keeps what it was asked and decided from, and `choices` names, for
 each choice, what the step actually does: "on", or "off (why)" — precision, compile, the
-CUDA graph, the three traced forms of `training.step_variants`, the peer-to-peer gradient
-sum and host memory reuse of `training.step_plan`, and the state of TF32 products. The
+CUDA graph, the three traced forms of `training.step_variants`, the compile cache and host
+memory reuse of `training.step_plan`, and the state of TF32 products. The
 `training step:` log line ends with them, and the first epoch record a run writes to
 metrics.jsonl holds them as `step_plan`, so that a run says what it ran.
 
@@ -12,9 +12,10 @@ metrics.jsonl holds them as `step_plan`, so that a run says what it ran.
 warning naming why (`unmet`): the run still trains, on the plain path, since a speed-up
 never changes what is learnt, and a config stays portable between a GPU and a laptop.
 
-The environment switches of earlier releases (`REAGENT_LITE_P2P_ALLREDUCE=0`,
-`REAGENT_LITE_KEEP_FREED_MEMORY=0`) are read here and nowhere else (`asked`): they turn an
-`auto` choice off, with a deprecation warning.
+The environment switch of earlier releases (`REAGENT_LITE_KEEP_FREED_MEMORY=0`) is read
+here and nowhere else (`asked`): it turns an `auto` choice off, with a deprecation warning.
+(`REAGENT_LITE_P2P_ALLREDUCE` is no longer read: the sum it switched off was removed, so
+its one effect, NCCL's all-reduce, is what every run does.)
 """
 
 from __future__ import annotations
@@ -28,19 +29,15 @@ import torch
 from torch import nn
 
 from reagent_lite.config.models import Precision, StepPlanParameters, StepVariants
-from reagent_lite.distributed.context import GradAverage
 from reagent_lite.models.traced import ForwardOptions
 from reagent_lite.trainers.optim import OptimizerKernel
-from reagent_lite.training.compiled import SUM_OUTPUTS
+from reagent_lite.training.compiled import BF16_NOT_PADDED, SUM_OUTPUTS
 from reagent_lite.training.host_memory import HostMemory
 
 log = logging.getLogger("reagent_lite")
 
 # The deprecated switches, by the `training.step_plan` key each one maps onto.
-DEPRECATED_ENV = {
-    "p2p_allreduce": "REAGENT_LITE_P2P_ALLREDUCE",
-    "keep_freed_memory": "REAGENT_LITE_KEEP_FREED_MEMORY",
-}
+DEPRECATED_ENV = {"keep_freed_memory": "REAGENT_LITE_KEEP_FREED_MEMORY"}
 _OFF_WORDS = ("0", "false", "no", "off")
 VARIANTS = "training.step_variants"
 PLAN = "training.step_plan"
@@ -150,7 +147,6 @@ class StepPlan:
     switches mapped on) and the facts it decided from; `options`: the forms it traces."""
 
     device: torch.device
-    world_size: int
     precision: Precision
     compile: bool
     cuda_graphs: bool
@@ -166,12 +162,10 @@ class StepPlan:
         compile_failed: str,
         graph: bool,
         why_eager: str,
-        sync: GradAverage | None,
     ) -> dict[str, str]:
         """Each choice the step took, "on" or "off (why)" (TF32 and precision: the state).
         `net`: the Q-network the forms are traced in; `compile_failed`: why the compiled
-        loss fell back, if it did; `graph`: the step was captured, else `why_eager`;
-        `sync`: the captured step's gradient average over several ranks, if any."""
+        loss fell back, if it did; `graph`: the step was captured, else `why_eager`."""
         no_compile = "training.compile is false" if not self.compile else compile_failed
         out = {
             "precision": self.precision,
@@ -182,7 +176,6 @@ class StepPlan:
         for key in ("output_sum", "pad_first_layer", "candidate_kernel"):
             why = no_compile or self._form_blocker(key) or ("" if applies[key] else _NA[key])
             out[key] = _choice(why)
-        out["p2p_allreduce"] = self._p2p(graph, sync)
         out["compile_cache"] = _choice(self.compile_cache_blocker())
         out["keep_freed_memory"] = self.host_memory.plan()
         out["tf32"] = self._tf32()
@@ -194,7 +187,6 @@ class StepPlan:
         asks = {
             f"{VARIANTS}.pad_first_layer": ("pad_first_layer", self.variants.pad_first_layer),
             f"{VARIANTS}.candidate_kernel": ("candidate_kernel", self.variants.candidate_kernel),
-            f"{PLAN}.p2p_allreduce": ("p2p_allreduce", self.plan.p2p_allreduce),
         }
         return [
             f"{name} is on but not taken: {choices[key][len('off (') : -1]}; the plain path runs"
@@ -228,6 +220,8 @@ class StepPlan:
             return f"{VARIANTS}.{key} is off"
         cuda = self.device.type == "cuda"
         if key == "pad_first_layer":
+            if self.precision == "bf16":
+                return BF16_NOT_PADDED
             if mode == "auto" and not cuda:
                 return "no CUDA"
             if not self.options.row_align:
@@ -235,17 +229,6 @@ class StepPlan:
         if key == "candidate_kernel" and not self.options.candidate_kernel:
             return "no CUDA" if not cuda else "Triton is not installed"
         return ""
-
-    def _p2p(self, graph: bool, sync: GradAverage | None) -> str:
-        if self.plan.p2p_allreduce == "off":
-            return f"off ({PLAN}.p2p_allreduce is off)"
-        if self.world_size < 2:
-            return "off (one rank)"
-        if self.device.type != "cuda":
-            return "off (no CUDA)"
-        if not graph or sync is None:
-            return "off (eager steps: DDP's all-reduce)"
-        return sync.peer_choice()
 
     def _tf32(self) -> str:
         if self.device.type != "cuda":

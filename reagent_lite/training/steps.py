@@ -83,11 +83,6 @@ class StepRunner:
         return "eager" if self.graph is None else "graph"
 
     @property
-    def control_stream(self) -> torch.cuda.Stream | None:
-        """The stream for eager control collectives (`GraphStep.control_stream`), if any."""
-        return self.graph.control_stream if self.graph is not None else None
-
-    @property
     def streamed(self) -> bool:
         return isinstance(self.source, StreamedRows)
 
@@ -107,13 +102,11 @@ class StepRunner:
         """Every choice the step took, "on" or "off (why)" (`step_plan.StepPlan.choices`):
         final once the first epoch has run its first step (capture, compilation)."""
         loss = self.update.loss
-        graph = self.graph.step if self.graph is not None else None
         return self.step_plan.choices(
             self.update.trainer.online,
             compile_failed=loss.failed if loss is not None else "",
             graph=self.graph is not None,
             why_eager=self.why_eager,
-            sync=graph.q_sync if graph is not None else None,
         )
 
     def unmet(self) -> list[str]:
@@ -222,7 +215,6 @@ def build_step_runner(
     why_eager, captured = shape.why_eager, shape.graph
     plan = StepPlan(
         device=device,
-        world_size=ctx.world_size,
         precision=precision,
         compile=compiled,
         cuda_graphs=cuda_graphs,
@@ -243,7 +235,7 @@ def build_step_runner(
     if captured:
         # Over several ranks the captured step averages its gradients itself; the eager
         # step (and the fallback, should capture fail) leaves that to DDP's hooks.
-        averaging = Averaging(ctx, step_plan.p2p_allreduce) if shape.average_in_graph else None
+        averaging = Averaging(ctx) if shape.average_in_graph else None
         graph_update = (
             build_update(
                 trainer, cpe, loss_sum, precision=precision, kernels=kernels, averaging=averaging

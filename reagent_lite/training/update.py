@@ -22,7 +22,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from reagent_lite.config.models import Precision, Switch
+from reagent_lite.config.models import Precision
 from reagent_lite.data.rows import Rows
 from reagent_lite.distributed.context import DistContext, GradAverage
 from reagent_lite.evaluation.cpe_models import CpeModelTrainer
@@ -74,15 +74,13 @@ class StepKernels:
 
 @dataclass(frozen=True)
 class Averaging:
-    """The step's own gradient average over `ctx`'s ranks (`peer_sum`:
-    `training.step_plan.p2p_allreduce`)."""
+    """The step's own gradient average over `ctx`'s ranks."""
 
     ctx: DistContext
-    peer_sum: Switch
 
     def over(self, params: Sequence[nn.Parameter]) -> GradAverage:
         # The backward carries the 1/world size (`GradAverage.loss_scale`); the sum adds.
-        return self.ctx.gradient_average(params, scaled_backward=True, peer_sum=self.peer_sum)
+        return self.ctx.gradient_average(params, scaled_backward=True)
 
 
 def q_step(

@@ -33,7 +33,7 @@ def test_single_context_step_collectives_are_noops() -> None:
     net = torch.nn.Linear(3, 2)
     net(torch.ones(4, 3)).sum().backward()
     grads = [p.grad.clone() for p in net.parameters() if p.grad is not None]
-    ctx.gradient_average(net.parameters(), peer_sum="auto")()  # an average over one rank
+    ctx.gradient_average(net.parameters())()  # an average over one rank
     for p, g in zip(net.parameters(), grads, strict=True):
         assert torch.equal(p.grad, g)
 
@@ -52,28 +52,23 @@ def _agree_worker(rank: int, init: str, out: str) -> None:
         u = torch.zeros(2, requires_grad=True)
         t.grad = torch.full((3,), float(rank + 1))
         u.grad = torch.full((2,), 10.0 * (rank + 1))
-        average = ctx.gradient_average([t, u], peer_sum="auto")
+        average = ctx.gradient_average([t, u])
         average()
         # The averaged values are the gradients (views of one buffer), not copies.
         shared = t.grad.untyped_storage().data_ptr() == u.grad.untyped_storage().data_ptr()
         # A parameter that is not contiguous keeps a gradient of its own layout (copied).
         w = torch.zeros(3, 2).t().detach().requires_grad_(True)
         w.grad = torch.full((3, 2), float(rank + 1)).t()
-        ctx.gradient_average([t, w], peer_sum="auto")()
+        ctx.gradient_average([t, w])()
         kept = w.grad.stride() == w.stride() and w.grad.eq(1.5).all().item()
         averaged = t.grad
         # With the 1/world size left to the backward, the buffer is summed, not divided.
         t.grad = torch.full((3,), float(rank + 1))
-        # `training.step_plan.p2p_allreduce: off`: the process group's all-reduce, the same sum.
-        summed = ctx.gradient_average([t], scaled_backward=True, peer_sum="off")
+        summed = ctx.gradient_average([t], scaled_backward=True)
         summed()
-        # Over a process group the sum went through its all-reduce; over one rank it did not.
-        alone = DistContext.single().gradient_average([t], peer_sum="auto")
-        alone()
-        sums = (summed.loss_scale, t.grad.clone(), summed.used_all_reduce, alone.used_all_reduce)
-        routes = (average.peer_choice(), summed.peer_choice(), alone.peer_choice())
+        sums = (summed.loss_scale, t.grad.clone())
         torch.save(
-            (agreed, averaged, u.grad, shared, average.describe(), kept, sums, routes),
+            (agreed, averaged, u.grad, shared, average.describe(), kept, sums),
             f"{out}/rank{rank}.pt",
         )
         dist.barrier()  # both done before either tears the gloo group down
@@ -89,18 +84,11 @@ def test_step_collectives_over_gloo(tmp_path: Path) -> None:
     mp.start_processes(_agree_worker, args=(init, str(tmp_path)), nprocs=2, start_method="spawn")
     for rank in range(2):
         saved = torch.load(tmp_path / f"rank{rank}.pt")
-        agreed, grad, grad_u, shared, how, kept, sums, routes = saved
+        agreed, grad, grad_u, shared, how, kept, sums = saved
         assert kept
         assert sums[0] == 0.5 and sums[1].tolist() == [3.0, 3.0, 3.0]
-        assert sums[2] and not sums[3]
         assert agreed == [True, False, False]
         assert grad.tolist() == [1.5, 1.5, 1.5]
         assert grad_u.tolist() == [15.0, 15.0]
         assert shared
-        assert how == "gloo all-reduce"  # the NVLink route is for NCCL on one host only
-        # The step plan's record of the route, and why not the peer sum.
-        assert routes == (
-            "off (backend gloo on cpu)",
-            "off (training.step_plan.p2p_allreduce is off)",
-            "off (no process group)",
-        )
+        assert how == "gloo all-reduce"  # the process group's all-reduce

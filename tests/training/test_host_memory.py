@@ -257,7 +257,7 @@ def test_the_deprecated_switch_maps_onto_the_plan(
     name = "REAGENT_LITE_KEEP_FREED_MEMORY"
     with caplog.at_level(logging.WARNING, logger="reagent_lite"):
         got = asked(StepPlanParameters(keep_freed_memory=config), {name: value})  # type: ignore[arg-type]
-    assert got.keep_freed_memory == want and got.p2p_allreduce == "auto"
+    assert got.keep_freed_memory == want
     assert caplog.messages == [
         f"{name}={value} is deprecated and will be removed: set "
         f"training.step_plan.keep_freed_memory in the config instead (auto, on or off); {effect}"

@@ -35,7 +35,7 @@ def test_averaging_step_scales_both_models_gradients_by_the_world_size(
         # In place of the optimizer step: keep the gradients, change nothing.
         return lambda: grads[name].append([p.grad.clone() for p in params])
 
-    averaging = Averaging(dataclasses.replace(wf.ctx, world_size=2), "auto")
+    averaging = Averaging(dataclasses.replace(wf.ctx, world_size=2))
     for averaged in (False, True):
         q_sync = averaging.over(q_params) if averaged else None
         cpe_sync = averaging.over(cpe_params) if averaged else None
@@ -58,7 +58,7 @@ def test_the_reduction_is_a_plan_input_of_the_factory(tmp_path: Path) -> None:
     wf = tiny_cpe_workflow(tmp_path, "dqn", "run")
     assert wf.cpe is not None
     plain = build_update(wf.trainer, wf.cpe, torch.zeros(()), precision="fp32")
-    two = Averaging(dataclasses.replace(wf.ctx, world_size=2), "auto")
+    two = Averaging(dataclasses.replace(wf.ctx, world_size=2))
     averaged = build_update(wf.trainer, wf.cpe, torch.zeros(()), precision="fp32", averaging=two)
     assert plain.q_sync is None and plain.cpe_sync is None and plain.cpe_step is not None
     assert plain.q_step.net is wf.trainer.q_net and plain.cpe_step.net is wf.cpe.nets
