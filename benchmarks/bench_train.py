@@ -60,21 +60,24 @@ from reagent_lite.training.loop import Workflow
 
 
 # ---------------------------------------------------------------------------- data
-def sample_data(kind: str, root: Path) -> Path:
-    """≈110k training transitions, generated once into `root` (seeded, so reusable)."""
+def sample_data(kind: str, root: Path, *, quick: bool = False) -> Path:
+    """≈110k training transitions (`quick`: ≈3k, to check a command, not a speed),
+    generated once into `root` (seeded, so reusable)."""
     from reagent_lite.samples.generate import generate_sample_data
 
-    out = root / ("cartpole_5000" if kind == "dqn" else "parametric_110k_k16")
+    episodes, states = (150, 3000) if quick else (5000, 110_000)
+    name = f"cartpole_{episodes}" if kind == "dqn" else f"parametric_{states // 1000}k_k16"
+    out = root / name
     if (out / "train.parquet").exists():
         return out
     if kind == "dqn":
         generate_sample_data(
-            kind="gym", env="CartPole-v1", episodes=5000, policy="random", seed=0,
+            kind="gym", env="CartPole-v1", episodes=episodes, policy="random", seed=0,
             eval_fraction=0.0, output_dir=out,
         )  # fmt: skip
     else:
         generate_sample_data(
-            kind="synthetic_parametric", states=110_000, episodes=110_000, min_candidates=16,
+            kind="synthetic_parametric", states=states, episodes=states, min_candidates=16,
             max_candidates=16, seed=0, eval_fraction=0.0, output_dir=out,
         )  # fmt: skip
     return out

@@ -198,26 +198,6 @@ def label(row: Row) -> str:
     return f"{row.name} [{row.kind} {step} {precision}]"
 
 
-def quick_data(kind: str, root: Path) -> Path:
-    """A small table of `bench_train`'s data (--quick: checks the command, not the speed)."""
-    from reagent_lite.samples.generate import generate_sample_data
-
-    out = root / f"quick_{kind}"
-    if (out / "train.parquet").exists():
-        return out
-    if kind == "dqn":
-        generate_sample_data(
-            kind="gym", env="CartPole-v1", episodes=150, policy="random", seed=0,
-            eval_fraction=0.0, output_dir=out,
-        )  # fmt: skip
-    else:
-        generate_sample_data(
-            kind="synthetic_parametric", states=3000, episodes=3000, min_candidates=16,
-            max_candidates=16, seed=0, eval_fraction=0.0, output_dir=out,
-        )  # fmt: skip
-    return out
-
-
 def select(args: argparse.Namespace) -> tuple[list[Row], dict[str, str]]:
     """The rows this invocation runs, and why each other one does not."""
     rows, skipped = [], {}
@@ -245,7 +225,7 @@ def open_rows(
     runs: dict[str, Arm] = {}
     for i, row in enumerate(rows):
         key = label(row)
-        data = (quick_data if args.quick else sample_data)(row.kind, Path(args.data_dir))
+        data = sample_data(row.kind, Path(args.data_dir), quick=args.quick)
         if row.isolated:
             runs[key] = functools.partial(isolated_arm, row, data, work / f"row{i}", args)
             continue
