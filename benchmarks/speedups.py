@@ -312,6 +312,9 @@ def main(argv: list[str] | None = None) -> int:
     args.rounds = args.rounds or (2 if args.quick else 5)
     args.steps = args.steps or (5 if args.quick else 100 if args.device == "cpu" else 2000)
     args.rows = [r for r in args.rows.split(",") if r]
+    unknown = sorted(set(args.rows) - {r.name for r in ROWS})
+    if unknown:
+        p.error(f"--rows: unknown {unknown}; rows: {sorted({r.name for r in ROWS})}")
     # Every compiled arm compiles the same loss function anew: one Dynamo entry each.
     torch._dynamo.config.recompile_limit = 64
     dev = torch.device(args.device)

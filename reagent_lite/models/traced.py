@@ -142,8 +142,8 @@ class TracedParametric(nn.Module):
         pad = self.options.first_padding(first)
         if pad:
             # With TF32 products the state block, cut from the padded weight, has rows 16
-            # bytes apart, so that its product can take cuBLAS's aligned kernels. Under
-            # bf16 autocast's cast copies the block into rows of its own width anyway.
+            # bytes apart, so that its product can take cuBLAS's aligned kernels (the plan
+            # pads TF32 products only).
             weight = F.pad(weight, (0, pad))
         d, g = plain.state_dim, plain.action_dim
         w_state, w_action = weight[:, :d], weight[:, d : d + g]

@@ -18,6 +18,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from reagent_lite.config.loader import REMOVED_KEYS
 from reagent_lite.distributed.context import DistContext
 from reagent_lite.errors import ConfigError
 from reagent_lite.evaluation.cpe_models import CpeModelTrainer
@@ -115,8 +116,9 @@ def load_checkpoint(path: Path) -> dict[str, Any]:
 
 def config_changes(saved: dict[str, Any], current: dict[str, Any]) -> list[str]:
     """The dotted keys whose values differ between two resolved configs, except those in
-    `RESUMABLE_CHANGES`."""
-    return config_diff(saved, current, RESUMABLE_CHANGES)
+    `RESUMABLE_CHANGES` and keys a later version removed (`REMOVED_KEYS`: a checkpoint
+    written before still records them, and they cannot be set now)."""
+    return config_diff(saved, current, RESUMABLE_CHANGES + tuple(REMOVED_KEYS))
 
 
 def run_state(

@@ -82,3 +82,9 @@ def test_each_rows_arms_are_valid_configs_that_differ_in_its_switch_only(tmp_pat
         assert {k: v for k, v in speed.items() if k not in ("step_variants", "step_plan")} == {
             k: v for k, v in plain.items() if k not in ("step_variants", "step_plan")
         }, label(row)
+
+
+def test_an_unknown_row_is_refused_naming_it() -> None:
+    proc = run_module("benchmarks.speedups", "--rows", "output_sum,p2p_allreduce", timeout=120)
+    assert proc.returncode == 2
+    assert "--rows: unknown ['p2p_allreduce']" in proc.stderr
