@@ -164,13 +164,8 @@ class FileRendezvous:
         members = set(self.session.members) - {self.claim_id}
         deadline = time.monotonic() + self.stale_after_s
         while time.monotonic() < deadline:
-            held = [
-                k
-                for k in range(1, self.num_nodes)
-                if (c := self.board.read(self.board.lock(k))) is not None
-                and c.data.get("uuid") in members
-            ]
-            if not held:
+            claims = (self.board.read(self.board.lock(k)) for k in range(1, self.num_nodes))
+            if not any(c is not None and c.data.get("uuid") in members for c in claims):
                 return
             time.sleep(self.poll_s)
         log.info(
