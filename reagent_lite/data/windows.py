@@ -140,11 +140,15 @@ def load_threads() -> int:
     most 4. The loaders hold the GIL about a quarter of the time, so more threads only
     contend: on a 32-core H200 host a window of 16 row groups loaded at 1.9 / 4.5 / 5.5 /
     4.6M rows/s with 1 / 2 / 4 / 8 threads (benchmarks/RESULTS.md)."""
+    return max(1, min(4, host_cores()))
+
+
+def host_cores() -> int:
+    """The cores this process may run on (its affinity mask)."""
     try:
-        cores = len(os.sched_getaffinity(0))
+        return len(os.sched_getaffinity(0))
     except AttributeError:  # not Linux
-        cores = os.cpu_count() or 1
-    return max(1, min(4, cores))
+        return os.cpu_count() or 1
 
 
 def load_units(units: Sequence[ShardPiece], layout: Layout[S], *, threads: int | None = None) -> S:
