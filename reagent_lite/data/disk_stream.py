@@ -9,7 +9,7 @@ Each epoch the rank visits its units in an order drawn from (seed, rank, epoch, 
 packs consecutive units into windows of at most `window_rows` rows (a single larger row
 group is a window of its own), loads a window through the streaming ingest (same
 validation, tensorization and in-place normalization as the resident path), gathers the
-window's rows in a shuffled order once, in that background thread (`shuffled`), and hands
+window's rows in a shuffled order once, in that background thread (`windows.shuffled`), and hands
 them out in chunks of whole steps — slices of it, no copy — while the next windows load.
 Gathering each chunk as it was handed out put the gather on the path of every step: on a
 GPU the chunk prefetcher's thread gathered, then copied into pinned memory (issue 39).
@@ -42,10 +42,11 @@ window has the same column shapes), all indexed by row.
 The trade-off: shuffling is window-local. A minibatch only mixes rows of the few row groups
 in its window, so row groups that each hold one slice of the data (one day, one episode
 range) give batches less diverse than a full shuffle; smaller row groups and a larger
-window bring it closer to a full shuffle. Peak memory is at most about `depth` + 2
-windows (the one being trained on, `depth` loaded or loading, and the shuffled copy of
-one being gathered), whatever the shard's size; loading holds, besides the window's
-arrays, the Arrow data of the row groups being decoded (one per loading thread).
+window bring it closer to a full shuffle. Peak memory is about `depth` + 2 windows (the
+one being trained on, `depth` loaded or loading, the shuffled copy of one being gathered;
+at worst 2 `depth` + 1, were every load gathering at once), whatever the shard's size;
+loading holds, besides the window's arrays, the Arrow data of the row groups being
+decoded (one per loading thread).
 
 The stream's threads run torch on one OpenMP thread (`one_omp_thread`: a window's row
 order, its load, the carried rows' concatenation) and gather a window on one thread. A parallel op there would start a second OpenMP team that
@@ -63,7 +64,6 @@ then gathered on `load_threads()` threads.
 from __future__ import annotations
 
 import contextlib
-import itertools
 import threading
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
@@ -76,7 +76,7 @@ import torch
 from torch import Tensor
 
 from reagent_lite.data.readers import ShardPiece
-from reagent_lite.data.windows import host_cores, in_order, load_threads
+from reagent_lite.data.windows import host_cores, load_threads, shuffled
 from reagent_lite.errors import DataError
 
 if TYPE_CHECKING:
@@ -121,29 +121,6 @@ class _Left:
 def _cat(a: dict[str, Tensor], b: dict[str, Tensor], serial: bool) -> dict[str, Tensor]:
     with one_omp_thread(serial):
         return {c: torch.cat([a[c], b[c]]) for c in a}
-
-
-def shuffled(columns: dict[str, Tensor], order: Tensor, threads: int) -> dict[str, Tensor]:
-    """`columns`' rows in `order`, gathered once as the window loads (in the background).
-    numpy's `take` copies a row per index (torch's `index_select` goes element by element
-    for rows of several values: 2-5x slower) and releases the GIL; with `threads` > 1 each
-    column's rows are split between that many threads."""
-    idx = order.numpy()
-    no_numpy = (torch.bfloat16, torch.complex32)  # dtypes numpy has no match for
-    src = {k: v.numpy() for k, v in columns.items() if v.dtype not in no_numpy}
-    dst = {k: np.empty(v.shape, v.dtype) for k, v in src.items()}
-    bounds = np.linspace(0, len(idx), max(1, threads) + 1).astype(int).tolist()
-    parts = [(k, lo, hi) for k in src for lo, hi in itertools.pairwise(bounds)]
-
-    def take(i: int) -> None:
-        k, lo, hi = parts[i]
-        np.take(src[k], idx[lo:hi], axis=0, out=dst[k][lo:hi])
-
-    in_order(take, len(parts), threads)
-    return {
-        k: torch.from_numpy(dst[k]) if k in dst else v.index_select(0, order)
-        for k, v in columns.items()
-    }
 
 
 @dataclass
