@@ -3,6 +3,8 @@
     python -m benchmarks.bench_stream --rows 1e5,1e6,1e7 --modes resident,host,disk,prepared
     python -m benchmarks.bench_stream --kind parametric --rows 1e5,1e6
     python -m benchmarks.bench_stream --rows 1e6 --row-group 8192 --modes resident,disk,prepared
+    python -m benchmarks.bench_stream --rows 1e6 --row-group 8192 --device cuda --batch 8192 \
+        --modes resident,prepared,units --read-ahead 1,3
     python -m benchmarks.bench_stream --rows 111506 --row-group 8192 --window 32768 --batch 512 \
         --layers 128,128 --epochs 4 --modes pair [--shape sparse] [--kind parametric]
 
@@ -41,6 +43,15 @@ costs CPU time even where it hides behind the step's wall time); `1st epoch` is 
 epoch's rate (the others' median is the main figure). `--rounds N` runs the
 modes N times in turn and ends with each mode's median and its median ratio to the
 resident run of the same round — on a shared machine, where the load moves between runs.
+
+`--read-ahead 1,3` (`stream_read_ahead`; default: the config's "auto") runs each streaming
+mode (`disk`, `prepare`d once, `prepared`, `units`, `pair`) once per depth in every round,
+labelled `prepared (read ahead 3)` etc., the depths in turn (reversed every other round);
+with one depth the output is as without it. With several, a `units` line also gives its
+stream's rows/s over the same round's resident transitions/s (`/resident`: whether the
+host alone could feed the GPU at the resident rate) and, with `--rounds`, a median row.
+`units`' "whole window loads" seconds add up the loads' times, several at once with
+read-ahead: they can exceed the epochs' wall time.
 """
 
 from __future__ import annotations
@@ -221,6 +232,15 @@ def _cpu_s() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
+# The modes that stream from disk: run once per `--read-ahead` depth.
+STREAMING = ("disk", "prepared", "units", "pair")
+
+
+def _depth(value: str) -> int | str:
+    """A `--read-ahead` entry as the config takes it: "auto" or a count."""
+    return value if value == "auto" else int(value)
+
+
 def _workflow(args: argparse.Namespace, mode: str, out: str) -> Any:
     """A real `Workflow` of `mode`, set up from a config (not yet trained)."""
     from reagent_lite.config import (
@@ -245,6 +265,7 @@ def _workflow(args: argparse.Namespace, mode: str, out: str) -> Any:
             "device_resident_data": mode == "resident",
             "stream_from_disk": mode in ("disk", "prepare", "prepared"),
             "stream_window_rows": args.window,
+            **({"stream_read_ahead": _depth(args.read_ahead)} if args.read_ahead else {}),
             "stream_prepare": mode in ("prepare", "prepared"),
             "stream_prepared_dir": args.prepared_dir,
             "training": {
@@ -365,6 +386,8 @@ def run_child(data: Path, mode: str, args: argparse.Namespace) -> dict[str, Any]
     cmd += ["--prepared-dir", str(Path(args.root) / "prepared")]
     for k in ("device", "batch", "steps", "epochs", "window"):
         cmd += [f"--{k}", str(getattr(args, k))]
+    if getattr(args, "read_ahead", None):  # one depth: the caller's round picks it
+        cmd += ["--read-ahead", str(args.read_ahead)]
     cmd += ["--kind", getattr(args, "kind", "dqn"), "--layers", getattr(args, "layers", "256,256")]
     proc = subprocess.run(
         cmd, capture_output=True, text=True, timeout=getattr(args, "timeout", 3600), env=os.environ
@@ -392,6 +415,12 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=200, help="steps per epoch (0: one pass)")
     p.add_argument("--epochs", type=int, default=2)
     p.add_argument("--window", type=int, default=262_144, help="stream_window_rows")
+    p.add_argument(
+        "--read-ahead",
+        default=None,
+        help='stream_read_ahead: "auto" or counts, comma-separated, each run in turn '
+        "(default: the config's default)",
+    )
     p.add_argument("--root", default="/tmp/reagent_lite_bench_stream")
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--data", help=argparse.SUPPRESS)
@@ -402,6 +431,13 @@ def main() -> None:
     if args.child:
         child(args)
         return
+    depths: list[str | None] = [None]
+    if args.read_ahead:
+        depths = [d.strip() for d in args.read_ahead.split(",")]
+        bad = [d for d in depths if d != "auto" and not (d.isdigit() and 1 <= int(d) <= 64)]
+        if bad:
+            p.error(f"--read-ahead {args.read_ahead}: {bad[0]!r} is neither \"auto\" nor a "
+                    "count from 1 to 64")  # fmt: skip
     print(f"{args.kind} ({args.shape}), device {args.device}, batch {args.batch}, layers {args.layers}, "
           f"{args.steps or 'one pass of'} steps × {args.epochs} epochs, row groups of "
           f"{args.row_group:,} rows, window {args.window:,} rows, OMP_NUM_THREADS "
@@ -423,24 +459,42 @@ def main() -> None:
         for round_ in range(args.rounds):
             resident = None
             for mode in args.modes.split(","):
-                if mode == "pair":
-                    _pair_row(rows, run_child(data, "pair", args))
-                    continue
-                if mode == "units":
-                    _units_rows(rows, run_child(data, "units", args))
-                    continue
-                if mode == "prepared" and round_ == 0:  # a first run prepares, later ones read
-                    shutil.rmtree(Path(args.root) / "prepared", ignore_errors=True)
-                    _row(rows, "prepare", run_child(data, "prepare", args), resident)
-                r = run_child(data, mode, args)
-                resident = r if mode == "resident" else resident
-                _row(rows, mode, r, resident)
-                rates.setdefault(mode, []).append(r["transitions_per_s"])
-                if resident:
-                    ratios.setdefault(mode, []).append(
-                        r["transitions_per_s"] / resident["transitions_per_s"]
-                    )
-                    cpu.setdefault(mode, []).append(r["per_cpu_s"] / resident["per_cpu_s"])
+                order = depths if round_ % 2 == 0 else depths[::-1]  # drift cancels out
+                for depth in order if mode in STREAMING else [None]:
+                    sub = argparse.Namespace(**{**vars(args), "read_ahead": depth})
+                    label = mode if len(depths) == 1 or depth is None else f"{mode} (read ahead {depth})"  # fmt: skip
+                    if mode == "pair":
+                        _pair_row(rows, run_child(data, "pair", sub), label)
+                        continue
+                    if mode == "units":
+                        r = run_child(data, "units", sub)
+                        several = len(depths) > 1  # one depth: the lines as they were
+                        _units_rows(rows, r, label, resident if several else None)
+                        if several:
+                            label += " host rows/s"
+                            rates.setdefault(label, []).append(r["rates"]["stream"])
+                        if several and resident:
+                            ratios.setdefault(label, []).append(
+                                r["rates"]["stream"] / resident["transitions_per_s"]
+                            )
+                            cpu.setdefault(label, []).append(
+                                r["stream_per_cpu_s"] / resident["per_cpu_s"]
+                            )
+                        continue
+                    # A first run prepares, later ones read back.
+                    if mode == "prepared" and round_ == 0 and depth == order[0]:
+                        shutil.rmtree(Path(args.root) / "prepared", ignore_errors=True)
+                        r = run_child(data, "prepare", sub)
+                        _row(rows, label.replace("prepared", "prepare"), r, resident)
+                    r = run_child(data, mode, sub)
+                    resident = r if mode == "resident" else resident
+                    _row(rows, label, r, resident)
+                    rates.setdefault(label, []).append(r["transitions_per_s"])
+                    if resident:
+                        ratios.setdefault(label, []).append(
+                            r["transitions_per_s"] / resident["transitions_per_s"]
+                        )
+                        cpu.setdefault(label, []).append(r["per_cpu_s"] / resident["per_cpu_s"])
         if args.rounds > 1:
             print(f"\nmedians over {args.rounds} rounds (ratios paired within a round):")
             print("| rows | mode | transitions/s | /resident | per CPU-s /resident |")
@@ -459,20 +513,26 @@ def _row(rows: int, mode: str, r: dict[str, Any], resident: dict[str, Any] | Non
           f"{r['peak_rss_mib']:,.0f} | {r['peak_over_base_mib']:,.0f} |{_units(r)}", flush=True)  # fmt: skip
 
 
-def _pair_row(rows: int, r: dict[str, Any]) -> None:
+def _pair_row(rows: int, r: dict[str, Any], label: str = "pair") -> None:
     """The pair mode's line: each one's epochs, best epochs and their ratio."""
     res, st = max(r["resident"], default=float("nan")), max(r["streamed"], default=float("nan"))
     each = " ".join(f"{a:,.0f}/{b:,.0f}" for a, b in zip(r["resident"], r["streamed"], strict=True))
-    print(f"| {rows:.0e} | pair: resident {res:,.0f}, prepared {st:,.0f} (best epochs) | "
+    print(f"| {rows:.0e} | {label}: resident {res:,.0f}, prepared {st:,.0f} (best epochs) | "
           f"{st / res:.2f} | epochs resident/streamed {each} | threads the stream started "
           f"training, besides its own: {r['stream_threads']} |", flush=True)  # fmt: skip
 
 
-def _units_rows(rows: int, r: dict[str, Any]) -> None:
+def _units_rows(
+    rows: int, r: dict[str, Any], label: str = "units", resident: dict[str, Any] | None = None
+) -> None:
     """The host-only mode's lines (`benchmarks/stream_host.py`): rows/s of the stream and
-    of the floors, where its time went, its host memory."""
+    of the floors, where its time went, its host memory; with the same round's `resident`
+    run, the stream's rows/s over its transitions/s."""
     rates, spent = r["rates"], r["spent_s"]
-    print(f"| {rows:.0e} | units (host only): stream {rates['stream']:,.0f} rows/s, "
+    over = ""
+    if resident is not None:
+        over = f" ({rates['stream'] / resident['transitions_per_s']:.2f} /resident)"
+    print(f"| {rows:.0e} | {label} (host only): stream {rates['stream']:,.0f} rows/s{over}, "
           f"{r['stream_per_cpu_s']:,.0f} per CPU-s | floors: "
           f"read {rates['read']:,.0f}, sha256 {rates['sha256']:,.0f}, gather "
           f"{rates['gather']:,.0f} | stream / read {rates['stream'] / rates['read']:.2f} | "

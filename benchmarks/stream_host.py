@@ -34,6 +34,7 @@ import argparse
 import hashlib
 import resource
 import statistics
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -48,13 +49,17 @@ from reagent_lite.training.steps import DEFAULT_CHUNK_ROWS
 F = TypeVar("F", bound=Callable[..., Any])
 
 
+_SPENT = threading.Lock()  # window loads run on several threads at once (read-ahead)
+
+
 def _timed(spent: dict[str, float], name: str, fn: F) -> F:
     def wrapped(*args: Any, **kwargs: Any) -> Any:
         t = time.perf_counter()
         try:
             return fn(*args, **kwargs)
         finally:
-            spent[name] = spent.get(name, 0.0) + time.perf_counter() - t
+            with _SPENT:
+                spent[name] = spent.get(name, 0.0) + time.perf_counter() - t
 
     return wrapped  # type: ignore[return-value]
 

@@ -73,6 +73,24 @@ OptimizerName = Annotated[
 ]
 
 
+MAX_READ_AHEAD = 64
+
+
+def _read_ahead(value: Any) -> Any:
+    # One message for both branches of the union ("auto" or a count), naming what is valid.
+    if value == "auto" or (type(value) is int and 1 <= value <= MAX_READ_AHEAD):
+        return value
+    raise ConfigProblem((), f'expected "auto" or an integer from 1 to {MAX_READ_AHEAD}', value)
+
+
+ReadAhead = Annotated[
+    int | Literal["auto"],
+    BeforeValidator(_read_ahead),
+    WithJsonSchema(
+        {"anyOf": [{"type": "integer", "minimum": 1, "maximum": MAX_READ_AHEAD}, {"const": "auto"}]}
+    ),
+]
+
 # Upper bounds that no real run reaches and that keep arithmetic and allocations sane
 # (a layer of 1e10 units, a batch of 2^40 rows or a 1e300 s timeout fail here, not mid-run).
 MAX_WIDTH = 1 << 20
@@ -643,7 +661,8 @@ class BaseWorkflowConfig(_Model):
         default=False,
         description="Never hold a rank's whole shard: each epoch read its Parquet row groups "
         "in a seeded shuffled order, a window of at most stream_window_rows rows at a time "
-        "(the next window is read in the background while training on the current one). "
+        "(the next windows, stream_read_ahead of them, are read in the background while "
+        "training on the current one). "
         "For shards larger than host memory; both workflows, Parquet data only. Trade-off: "
         "shuffling is window-local — a minibatch mixes only the rows of the row groups in "
         "its window — and normalization (unless given) is fitted on a sample of row groups. "
@@ -654,8 +673,18 @@ class BaseWorkflowConfig(_Model):
         ge=1,
         le=MAX_COUNT,
         description="With stream_from_disk: rows per window (whole row groups are packed up "
-        "to this; a larger row group is a window alone). Host memory is at most about three "
-        "windows of training tensors; larger windows shuffle more globally.",
+        "to this; a larger row group is a window alone). Host memory is at most about "
+        "stream_read_ahead + 2 windows of training tensors; larger windows shuffle more "
+        "globally.",
+    )
+    stream_read_ahead: ReadAhead = Field(
+        default="auto",
+        description="With stream_from_disk: window loads kept in flight ahead of the window "
+        "being trained on (each adds about one window to host memory: about "
+        'stream_read_ahead + 2 windows in all). "auto": 1 when training on the CPU (the '
+        "loaders would take its cores); on a GPU one load per 4 cores of the host (each "
+        "load runs up to 4 threads), at least 1 and at most 3. The "
+        "chunks trained on are the same for every value.",
     )
     stream_prepare: bool = Field(
         default=True,

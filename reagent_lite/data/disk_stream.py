@@ -9,12 +9,26 @@ Each epoch the rank visits its units in an order drawn from (seed, rank, epoch, 
 packs consecutive units into windows of at most `window_rows` rows (a single larger row
 group is a window of its own), loads a window through the streaming ingest (same
 validation, tensorization and in-place normalization as the resident path), gathers the
-window's rows in a shuffled order once, in that background thread (`shuffled`), and hands
-them out in chunks of whole steps — slices of it, no copy — while the next window loads.
+window's rows in a shuffled order once, in that background thread (`windows.shuffled`), and hands
+them out in chunks of whole steps — slices of it, no copy — while the next windows load.
 Gathering each chunk as it was handed out put the gather on the path of every step: on a
-GPU the chunk prefetcher's thread gathered, then copied into pinned memory (issue 39). Rows that do not fill a whole step at the end of a window are carried
-into the next one; when the epoch needs more steps than the shard holds (a shorter shard
-than the largest), a fresh pass with a new unit order follows, as `EpochSampler` wraps.
+GPU the chunk prefetcher's thread gathered, then copied into pinned memory (issue 39).
+Rows that do not fill a whole step at the end of a window are carried into the next one;
+when the epoch needs more steps than the shard holds (a shorter shard than the largest),
+a fresh pass with a new unit order follows, as `EpochSampler` wraps.
+
+Read-ahead (`read_ahead`, the config's `stream_read_ahead`): up to `depth` window loads
+run at once, on a pool of that many threads, queued in the order they are handed out —
+the epoch's next windows until their rows by the footers cover the epoch, then the next
+epoch's first ones (never further). One load runs at about 9M rows/s whatever the host's
+cores (on an H200 host the whole stream's time was its window loads, issue 39); a GPU step
+takes about twice that. Each window's rows and order come from (seed, rank, epoch, window
+index) alone and windows are handed out in order, so the chunks — and, when windows are
+bad, the error raised: the first bad window's in epoch order — are the same for every
+depth. An epoch that ends (or is abandoned) cancels its loads still queued and waits for
+its running ones: none runs into the next epoch; `close` does the same for all and stops
+the pool's threads. When validation drops rows, an epoch can need a window more than the
+footers promised: it is loaded then, after those of the next epoch already queued.
 
 A window's units load in parallel (`data/windows.py`: `load_units`, the ingest engine per
 unit, up to `load_threads()` units at a time); a window of one large row group still loads
@@ -28,10 +42,11 @@ window has the same column shapes), all indexed by row.
 The trade-off: shuffling is window-local. A minibatch only mixes rows of the few row groups
 in its window, so row groups that each hold one slice of the data (one day, one episode
 range) give batches less diverse than a full shuffle; smaller row groups and a larger
-window bring it closer to a full shuffle. Peak memory is at most about three windows (the
-one being trained on, the next one being loaded and its shuffled copy), whatever the
-shard's size; loading holds, besides the window's arrays, the Arrow data of the row groups
-being decoded (one per loading thread).
+window bring it closer to a full shuffle. Peak memory is about `depth` + 2 windows (the
+one being trained on, `depth` loaded or loading, the shuffled copy of one being gathered;
+at worst 2 `depth` + 1, were every load gathering at once), whatever the shard's size;
+loading holds, besides the window's arrays, the Arrow data of the row groups being
+decoded (one per loading thread).
 
 The stream's threads run torch on one OpenMP thread (`one_omp_thread`: a window's row
 order, its load, the carried rows' concatenation) and gather a window on one thread. A parallel op there would start a second OpenMP team that
@@ -49,19 +64,19 @@ then gathered on `load_threads()` threads.
 from __future__ import annotations
 
 import contextlib
-import itertools
 import threading
+from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 import torch
 from torch import Tensor
 
 from reagent_lite.data.readers import ShardPiece
-from reagent_lite.data.windows import in_order, load_threads
+from reagent_lite.data.windows import host_cores, load_threads, shuffled
 from reagent_lite.errors import DataError
 
 if TYPE_CHECKING:
@@ -108,29 +123,6 @@ def _cat(a: dict[str, Tensor], b: dict[str, Tensor], serial: bool) -> dict[str, 
         return {c: torch.cat([a[c], b[c]]) for c in a}
 
 
-def shuffled(columns: dict[str, Tensor], order: Tensor, threads: int) -> dict[str, Tensor]:
-    """`columns`' rows in `order`, gathered once as the window loads (in the background).
-    numpy's `take` copies a row per index (torch's `index_select` goes element by element
-    for rows of several values: 2-5x slower) and releases the GIL; with `threads` > 1 each
-    column's rows are split between that many threads."""
-    idx = order.numpy()
-    no_numpy = (torch.bfloat16, torch.complex32)  # dtypes numpy has no match for
-    src = {k: v.numpy() for k, v in columns.items() if v.dtype not in no_numpy}
-    dst = {k: np.empty(v.shape, v.dtype) for k, v in src.items()}
-    bounds = np.linspace(0, len(idx), max(1, threads) + 1).astype(int).tolist()
-    parts = [(k, lo, hi) for k in src for lo, hi in itertools.pairwise(bounds)]
-
-    def take(i: int) -> None:
-        k, lo, hi = parts[i]
-        np.take(src[k], idx[lo:hi], axis=0, out=dst[k][lo:hi])
-
-    in_order(take, len(parts), threads)
-    return {
-        k: torch.from_numpy(dst[k]) if k in dst else v.index_select(0, order)
-        for k, v in columns.items()
-    }
-
-
 @dataclass
 class _Window:
     columns: dict[str, Tensor]  # its rows, already in their shuffled order (`shuffled`)
@@ -145,13 +137,35 @@ class _Window:
         return {k: v[lo:hi] for k, v in self.columns.items()}
 
 
+@dataclass
+class _Plan:
+    """An epoch's window loads: its windows (in order), how many were `submitted` and
+    their rows by the footers (`rows`, less what validation dropped from those loaded), and
+    how many were `taken` (handed to the epoch's consumer)."""
+
+    epoch: int
+    windows: Iterator[list[ShardPiece]]
+    submitted: int = 0
+    rows: int = 0
+    taken: int = 0
+
+
+@dataclass
+class _Queued:
+    epoch: int
+    rows: int  # by the footers
+    load: Future[_Window]
+
+
 class DiskShardStream:
     """The chunks of an epoch, read from disk window by window (see the module docstring).
 
     `prepare` turns a loaded window (`load(units)`) into training columns (normalized
     tensors). `configure` sets the step geometry before the first epoch; `epoch_chunks`
     then yields (host columns, rows) pieces of whole steps, `rows_per_epoch` in all; the
-    step runner's prefetcher moves them to the training device.
+    step runner's prefetcher moves them to the training device. `read_ahead`: windows
+    loaded at once ahead of the one being trained on (an int >= 1, or "auto": see
+    `depth`).
     """
 
     def __init__(
@@ -163,27 +177,47 @@ class DiskShardStream:
         seed: int,
         rank: int,
         prepared: PreparedUnits | None = None,
+        read_ahead: int | Literal["auto"] = "auto",
     ) -> None:
         if not units:
             raise DataError("stream_from_disk: this rank's shard has no rows")
+        if read_ahead != "auto" and read_ahead < 1:
+            raise ValueError(f"read_ahead must be 'auto' or >= 1, got {read_ahead!r}")
         self.units = list(units)
         self.load = load
         self.window_rows = window_rows
         self.seed = seed
         self.rank = rank
         self.prepared = prepared  # `load` reads prepared units (for the log and counts)
+        self.read_ahead = read_ahead
         self.num_rows = sum(u.num_rows or 0 for u in self.units)
         self.step_rows = 1
         self.rows_per_epoch = self.num_rows
         self.chunk_rows = window_rows
-        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="reagent-lite-disk")
+        # Made on the first epoch: its size is `depth`, which `serial_threads` decides.
+        self._pool: ThreadPoolExecutor | None = None
         self.windows_loaded = 0
-        # (epoch, its windows, the load of its first window) read ahead at an epoch's end.
-        self._ahead: tuple[int, Iterator[list[ShardPiece]], Future[_Window]] | None = None
+        # Window loads submitted and not yet handed out, in the order they are consumed:
+        # the epoch's next windows, then (past its last one) the next epoch's first ones.
+        self._queue: deque[_Queued] = deque()
+        self._plans: dict[int, _Plan] = {}  # per epoch: its windows, how many submitted
         self._lock = threading.Lock()
         # The stream's own torch ops on one OpenMP thread: for CPU training (see the module
         # notes). A GPU run trains on the device, and its host gathers go faster on many.
         self.serial_threads = True
+
+    @property
+    def depth(self) -> int:
+        """Window loads kept in flight. "auto": 1 where `serial_threads` is on (CPU
+        training: the loaders would take the training thread's cores); on a GPU as many as
+        the host's cores run at `load_threads()` threads each, at most 3 — one load runs at
+        about 9M rows/s whatever the cores (its threads hold the GIL a quarter of the
+        time), a GPU step consumes about twice that, and a third load covers a slow one."""
+        if self.read_ahead != "auto":
+            return self.read_ahead
+        if self.serial_threads:
+            return 1
+        return max(1, min(3, host_cores() // load_threads()))
 
     def configure(self, *, step_rows: int, steps_per_epoch: int) -> None:
         self.step_rows = step_rows
@@ -194,10 +228,12 @@ class DiskShardStream:
 
     def describe(self) -> str:
         prepared = "" if self.prepared is None else f" ({self.prepared.describe()})"
+        auto = " (auto)" if self.read_ahead == "auto" else ""
+        ahead = f"{self.depth} window{'s' if self.depth > 1 else ''} read ahead{auto}"
         return (
             f"streamed from disk: {len(self.units)} row groups{prepared}, {self.num_rows:,} "
-            f"rows, windows of <= {self.window_rows:,} rows shuffled within, chunks of "
-            f"{self.chunk_rows:,} rows"
+            f"rows, windows of <= {self.window_rows:,} rows shuffled within, {ahead}, "
+            f"chunks of {self.chunk_rows:,} rows"
         )
 
     def windows(self, epoch: int) -> Iterator[list[ShardPiece]]:
@@ -235,33 +271,82 @@ class DiskShardStream:
             self.windows_loaded += 1
         return _Window(columns, self.serial_threads)
 
-    def _start(self, epoch: int) -> tuple[Iterator[list[ShardPiece]], Future[_Window]]:
-        """The epoch's windows and the load of its first one (prefetched at the end of the
-        previous epoch when that was this one's predecessor)."""
-        ahead, self._ahead = self._ahead, None
-        if ahead is not None and ahead[0] == epoch:
-            return ahead[1], ahead[2]
-        if ahead is not None and not ahead[2].cancel():
-            with contextlib.suppress(Exception):
-                ahead[2].result()
-        windows = self.windows(epoch)
-        return windows, self._pool.submit(self._load, next(windows), epoch, 0)
+    def _submit(self, plan: _Plan) -> _Queued:
+        """Starts loading `plan`'s next window (the pool runs loads in submission order)."""
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(self.depth, thread_name_prefix="reagent-lite-disk")
+        units = next(plan.windows)
+        rows = sum(u.num_rows or 0 for u in units)
+        plan.rows += rows
+        plan.submitted += 1
+        load = self._pool.submit(self._load, units, plan.epoch, plan.submitted - 1)
+        return _Queued(plan.epoch, rows, load)
+
+    def _fill(self, epoch: int) -> None:
+        """Up to `depth` loads queued: the epoch's windows until their rows (by the
+        footers) cover it, then the next epoch's first ones (never further ahead)."""
+        while len(self._queue) < self.depth:
+            plan = self._plans[epoch]
+            if plan.rows >= self.rows_per_epoch:
+                plan = self._plans.setdefault(epoch + 1, _Plan(epoch + 1, self.windows(epoch + 1)))
+                if plan.rows >= self.rows_per_epoch:
+                    return
+            self._queue.append(self._submit(plan))
+
+    def _take(self, plan: _Plan) -> _Queued:
+        """The epoch's next window load: the first of its queued ones, else (the footers
+        promised rows that validation dropped) one started now."""
+        for i, queued in enumerate(self._queue):
+            if queued.epoch == plan.epoch:
+                del self._queue[i]
+                return queued
+        return self._submit(plan)
+
+    def _drop(self, keep: Callable[[_Queued], bool]) -> None:
+        """Cancels the queued loads not kept; those already running are waited for (not
+        left running into the next epoch), their errors dropped: a window's error shows
+        again when it is loaded again."""
+        with self._lock:  # close() may run while a straggling consumer's epoch ends
+            kept = [q for q in self._queue if keep(q)]
+            dropped = [q for q in self._queue if not keep(q)]
+            self._queue = deque(kept)
+        for q in dropped:
+            if not q.load.cancel():
+                with contextlib.suppress(Exception):
+                    q.load.result()
+        for epoch in {q.epoch for q in dropped} - {q.epoch for q in kept}:
+            self._plans.pop(epoch, None)
+
+    def _start(self, epoch: int) -> _Plan:
+        """The epoch's plan: the one its predecessor read ahead, if its windows are still
+        all to come, else a fresh one (everything else queued is dropped)."""
+        plan = self._plans.get(epoch)
+        if plan is None or plan.taken:
+            self._drop(lambda q: False)
+            plan = _Plan(epoch, self.windows(epoch))
+        else:
+            self._drop(lambda q: q.epoch == epoch)
+        self._plans = {epoch: plan}
+        return plan
 
     def epoch_chunks(self, epoch: int) -> Iterator[tuple[dict[str, Tensor], int]]:
-        """(columns, rows) chunks of whole steps, `rows_per_epoch` rows in all. The next
-        window (after the epoch's last one: the next epoch's first) is loaded in the
-        background while the caller trains on the current one."""
-        windows, first = self._start(epoch)
-        pending: Future[_Window] | None = first
+        """(columns, rows) chunks of whole steps, `rows_per_epoch` rows in all. Up to
+        `depth` windows load in the background (after the epoch's last one: the next
+        epoch's first ones) while the caller trains on the current one; they are handed
+        out in order, so the chunks, and the first bad window's error, do not depend on
+        `depth`."""
+        plan = self._start(epoch)
         left = _Left(self.rows_per_epoch)
-        k = empty_run = 0
+        empty_run = 0
         try:
+            self._fill(epoch)
             while left.rows > 0:
-                assert pending is not None
-                win = pending.result()
-                k += 1
+                queued = self._take(plan)
+                plan.taken += 1
+                win = queued.load.result()
                 n = win.num_rows
-                pending = self._load_next(epoch, windows, k, last=n + left.carried >= left.rows)
+                plan.rows += n - queued.rows  # what validation dropped is still to come
+                self._fill(epoch)
                 if n == 0:
                     empty_run += 1
                     if empty_run > len(self.units):
@@ -271,23 +356,11 @@ class DiskShardStream:
                 yield from self._cut(win, left)
                 del win
         finally:
-            # Don't leave a load of this epoch running into the next one.
-            if pending is not None and not pending.cancel():
-                # The epoch is over: an error of that load shows again when it is retried.
-                with contextlib.suppress(Exception):
-                    pending.result()
-
-    def _load_next(
-        self, epoch: int, windows: Iterator[list[ShardPiece]], k: int, *, last: bool
-    ) -> Future[_Window] | None:
-        """Starts loading the epoch's next window; after its `last` one, the next epoch's
-        first instead (read ahead, picked up by `_start`)."""
-        if not last:
-            return self._pool.submit(self._load, next(windows), epoch, k)
-        following = self.windows(epoch + 1)
-        first = self._pool.submit(self._load, next(following), epoch + 1, 0)
-        self._ahead = (epoch + 1, following, first)
-        return None
+            # Don't leave a load of this epoch running into the next one (unless a later
+            # call restarted this epoch: its loads are that call's).
+            if self._plans.get(epoch) is plan:
+                self._drop(lambda q: q.epoch != epoch)
+                self._plans.pop(epoch, None)
 
     def _cut(self, win: _Window, left: _Left) -> Iterator[tuple[dict[str, Tensor], int]]:
         """A window's rows as chunks of whole steps (at most `chunk_rows`, and no more than
@@ -313,7 +386,10 @@ class DiskShardStream:
             left.carry = rest if left.carry is None else _cat(left.carry, rest, win.serial)
 
     def close(self) -> None:
-        if self._ahead is not None:
-            self._ahead[2].cancel()
-            self._ahead = None
-        self._pool.shutdown(wait=True)
+        """Cancels the loads read ahead and waits for the running ones: no stream thread
+        is left."""
+        self._drop(lambda q: False)
+        self._plans.clear()
+        if self._pool is not None:
+            self._pool.shutdown(wait=True, cancel_futures=True)
+            self._pool = None

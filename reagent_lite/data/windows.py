@@ -14,6 +14,7 @@ units are bad the error is the first one's, as if they had loaded one by one.
 
 from __future__ import annotations
 
+import itertools
 import os
 import threading
 from collections.abc import Callable, Sequence
@@ -25,6 +26,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
+import torch
+from torch import Tensor
 
 from reagent_lite.data.arrow import is_list, used_keys
 from reagent_lite.data.ingest import Layout, feed, piece_batches
@@ -140,11 +143,15 @@ def load_threads() -> int:
     most 4. The loaders hold the GIL about a quarter of the time, so more threads only
     contend: on a 32-core H200 host a window of 16 row groups loaded at 1.9 / 4.5 / 5.5 /
     4.6M rows/s with 1 / 2 / 4 / 8 threads (benchmarks/RESULTS.md)."""
+    return max(1, min(4, host_cores()))
+
+
+def host_cores() -> int:
+    """The cores this process may run on (its affinity mask)."""
     try:
-        cores = len(os.sched_getaffinity(0))
+        return len(os.sched_getaffinity(0))
     except AttributeError:  # not Linux
-        cores = os.cpu_count() or 1
-    return max(1, min(4, cores))
+        return os.cpu_count() or 1
 
 
 def load_units(units: Sequence[ShardPiece], layout: Layout[S], *, threads: int | None = None) -> S:
@@ -211,6 +218,29 @@ def in_order(fn: Callable[[int], T], n: int, threads: int) -> list[T]:
 
 class _Skipped(Exception):
     pass
+
+
+def shuffled(columns: dict[str, Tensor], order: Tensor, threads: int) -> dict[str, Tensor]:
+    """`columns`' rows in `order`, gathered once as the window loads (in the background).
+    numpy's `take` copies a row per index (torch's `index_select` goes element by element
+    for rows of several values: 2-5x slower) and releases the GIL; with `threads` > 1 each
+    column's rows are split between that many threads."""
+    idx = order.numpy()
+    no_numpy = (torch.bfloat16, torch.complex32)  # dtypes numpy has no match for
+    src = {k: v.numpy() for k, v in columns.items() if v.dtype not in no_numpy}
+    dst = {k: np.empty(v.shape, v.dtype) for k, v in src.items()}
+    bounds = np.linspace(0, len(idx), max(1, threads) + 1).astype(int).tolist()
+    parts = [(k, lo, hi) for k in src for lo, hi in itertools.pairwise(bounds)]
+
+    def take(i: int) -> None:
+        k, lo, hi = parts[i]
+        np.take(src[k], idx[lo:hi], axis=0, out=dst[k][lo:hi])
+
+    in_order(take, len(parts), threads)
+    return {
+        k: torch.from_numpy(dst[k]) if k in dst else v.index_select(0, order)
+        for k, v in columns.items()
+    }
 
 
 # ----------------------------------------------------------------------------- assembly

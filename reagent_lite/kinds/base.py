@@ -354,6 +354,7 @@ class Kind(ABC, Generic[C, S]):
             units,
             load if prepared is None else prepared.load,
             window_rows=cfg.stream_window_rows,
+            read_ahead=cfg.stream_read_ahead,
             seed=cfg.seed,
             rank=ctx.rank,
             prepared=prepared,

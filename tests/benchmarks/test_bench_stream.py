@@ -3,6 +3,8 @@ a real child process."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from argparse import Namespace
 from pathlib import Path
 
@@ -54,3 +56,30 @@ def test_units_mode_streams_the_host_side_alone_beside_its_floors(tmp_path: Path
     assert result["row_bytes"] > 40 and result["window_mib"] > 0
     assert result["peak_rss_mib"] >= result["rss_before_stream_mib"] > 0
     assert "prepared units" in result["data"]
+
+
+def test_read_ahead_depths_run_in_turn_each_labelled(tmp_path: Path) -> None:
+    """`--read-ahead 1,2`: each streaming mode once per depth, in a real run of the
+    benchmark (its child processes too); the depth reaches the child's stream."""
+    data = make_table(tmp_path / "t.parquet", 4000, row_group=500)
+    args = Namespace(
+        root=str(tmp_path), device="cpu", batch=100, steps=10, epochs=2, window=1000,
+        kind="dqn", layers="16,16", timeout=300, read_ahead="2",
+    )  # fmt: skip
+    assert ", 2 windows read ahead, " in run_child(data, "units", args)["data"]
+    cmd = [sys.executable, "-m", "benchmarks.bench_stream", "--rows", "4000", "--row-group"]
+    cmd += ["500", "--modes", "resident,prepared,units", "--batch", "100", "--steps", "10"]
+    cmd += ["--epochs", "2", "--window", "1000", "--layers", "16,16", "--root", str(tmp_path)]
+    proc = subprocess.run(
+        [*cmd, "--read-ahead", "1,2"], capture_output=True, text=True, timeout=600
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = proc.stdout.splitlines()
+    for label in ("prepare (read ahead 1)", "prepared (read ahead 1)", "prepared (read ahead 2)"):
+        assert any(line.startswith(f"| 4e+03 | {label} | ") for line in lines), proc.stdout
+    for depth in (1, 2):
+        units = [x for x in lines if f"| units (read ahead {depth}) (host only): stream " in x]
+        assert len(units) == 1 and " /resident), " in units[0], proc.stdout
+    bad = subprocess.run([*cmd, "--read-ahead", "1,0"], capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2
+    assert "--read-ahead 1,0: '0' is neither \"auto\" nor a count from 1 to 64" in bad.stderr
