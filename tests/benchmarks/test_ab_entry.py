@@ -1,0 +1,37 @@
+"""ab_entry's reading of a run: a run refused export for divergence still measured its steps."""
+
+from __future__ import annotations
+
+import json
+
+from benchmarks.ab_entry import measured
+
+
+def _metrics(rates: list[float]) -> str:
+    lines = [json.dumps({"epoch": i + 1, "transitions_per_s": r}) for i, r in enumerate(rates)]
+    return "\n".join([json.dumps({"run": "start"}), *lines, ""])
+
+
+def test_a_clean_run_gives_the_median_of_the_epochs_after_the_first() -> None:
+    log = "x training step: one CUDA graph per step, fp32\n"
+    res = measured(0, log, _metrics([1.0, 4.0, 6.0]), 3)
+    assert res == {
+        "median": 5.0,
+        "epochs": [1.0, 4.0, 6.0],
+        "step": "one CUDA graph per step, fp32",
+    }
+
+
+def test_a_run_refused_export_for_divergence_after_every_epoch_is_measured_with_a_note() -> None:
+    log = "training step: eager, fp32\nthe Q-network diverged: from epoch 3 on ...\n"
+    res = measured(5, log, _metrics([1.0, 4.0, 6.0]), 3)
+    assert res["median"] == 5.0
+    assert "export refused: the Q-network diverged" in str(res["step"])
+
+
+def test_other_failures_stay_errors() -> None:
+    full = _metrics([1.0, 4.0, 6.0])
+    # exit 5 for another reason, a divergence before the last epoch, any other exit code
+    assert "error" in measured(5, "shard has no rows", full, 3)
+    assert "error" in measured(5, "the Q-network diverged", _metrics([1.0, 4.0]), 3)
+    assert "error" in measured(1, "the Q-network diverged", full, 3)
