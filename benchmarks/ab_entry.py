@@ -14,7 +14,10 @@ once by this tree (keys both trees know).
 A case is `kind:step:precision:batch`, step one of `graph` (CUDA graph, not compiled),
 `compiled` (compiled and captured) or `eager`. Printed per case: each tree's median
 transitions/s over the epochs after the first (which carries capture and compilation), the
-ratio to the first tree, and each run's `training step:` line.
+ratio to the first tree, and each run's `training step:` line. `--both-orders` runs the
+trees again in reverse and prints each tree's mean over both runs: on a 4-GPU host running
+one A/B per GPU, the arm run second was 3% slower on three GPUs and 13-19% faster on the
+fourth, whatever its code (benchmarks/RESULTS.md), so one order cannot show 3%.
 """
 
 from __future__ import annotations
@@ -105,6 +108,18 @@ def measured(returncode: int, log: str, metrics: str, epochs: int) -> dict[str, 
     }
 
 
+def both_orders_summary(label: str, names: list[str], runs: dict[str, list[float]]) -> list[str]:
+    """Each tree's mean over its runs in both orders, and the ratio to the first tree's: an
+    arm's place in the sequence moves both trees alike, so it cancels in the ratio."""
+    means = {n: statistics.fmean(runs[n]) for n in names if runs.get(n)}
+    first = means.get(names[0])
+    return [
+        f"{label:28s} {name:8s} {mean:14,.0f} tr/s  both orders: x{mean / first:.3f}"
+        for name, mean in means.items()
+        if first
+    ]
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--trees", required=True, help="name=path,name=path (first = baseline)")
@@ -116,6 +131,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--timeout", type=int, default=400)
     p.add_argument("--data-dir", default="outputs/bench_data")
     p.add_argument("--json", default="")
+    p.add_argument(
+        "--both-orders",
+        action="store_true",
+        help="run each case's trees in order, then in reverse, and compare the medians of "
+        "both runs: on a shared host the arm's place in the sequence alone moved it 3-19%%",
+    )
     args = p.parse_args(argv)
     trees = [(n, Path(t)) for n, t in (item.split("=", 1) for item in args.trees.split(","))]
     cases = [parse_case(c) for c in args.cases.split(",")]
@@ -126,22 +147,28 @@ def main(argv: list[str] | None = None) -> int:
             data = sample_data("dqn" if case[0] == "dqn" else "parametric", Path(args.data_dir))
             label = ":".join(map(str, case))
             base: float | None = None
-            for name, tree in trees:
+            order = trees + trees[::-1] if args.both_orders else trees
+            runs: dict[str, list[float]] = {}
+            for place, (name, tree) in enumerate(order):
                 res = run_case(
                     tree, case, data.resolve(), Path(tmp) / f"{name}_{len(results)}", args
                 )
-                results[f"{label} {name}"] = res
+                results[f"{label} {name}" + (f" #{place + 1}" if args.both_orders else "")] = res
                 if "error" in res:
                     bad += 1
                     print(f"{label:28s} {name:8s} {res['error']}", flush=True)
                     continue
                 median = float(res["median"])  # type: ignore[arg-type]
+                runs.setdefault(name, []).append(median)
                 base = median if base is None else base
                 print(
                     f"{label:28s} {name:8s} {median:14,.0f} tr/s  x{median / base:.3f}  "
                     f"epochs {[round(float(x) / 1e6, 2) for x in res['epochs']]}M  {res['step']}",  # type: ignore[union-attr]
                     flush=True,
                 )
+            if args.both_orders:
+                for line in both_orders_summary(label, [n for n, _ in trees], runs):
+                    print(line, flush=True)
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=1))
     return 1 if bad else 0

@@ -35,3 +35,17 @@ def test_other_failures_stay_errors() -> None:
     assert "error" in measured(5, "shard has no rows", full, 3)
     assert "error" in measured(5, "the Q-network diverged", _metrics([1.0, 4.0]), 3)
     assert "error" in measured(1, "the Q-network diverged", full, 3)
+
+
+def test_both_orders_compares_each_tree_s_mean_over_its_two_places() -> None:
+    from benchmarks.ab_entry import both_orders_summary
+
+    # after ran second (x1.2 from its place) then first; before the other way round
+    lines = both_orders_summary(
+        "c", ["before", "after"], {"before": [10.0, 12.0], "after": [12.0, 10.0]}
+    )
+    assert lines[1].endswith("both orders: x1.000")
+    lines = both_orders_summary(
+        "c", ["before", "after"], {"before": [10.0, 10.0], "after": [11.0, 11.0]}
+    )
+    assert lines[1].endswith("both orders: x1.100")
