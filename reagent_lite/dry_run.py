@@ -55,7 +55,8 @@ def hyperparameter_lines(
         f"  training: layers: {t.layers}  activations: {t.activations}",
         f"  optimizer: {t.optimizer}  learning_rate: {lr:g}"
         + (f" (= {t.learning_rate:g} × world size {world_size})" if lr != t.learning_rate else "")
-        + f"  l2_decay: {t.l2_decay}  lr_decay: {t.lr_decay}  cql_alpha: {t.cql_alpha}",
+        + f"  l2_decay: {t.l2_decay}  lr_decay: {t.lr_decay}  cql_alpha: {t.cql_alpha}"
+        + (f" ({t.cql_weighting})" if t.cql_weighting != "constant" else ""),
         f"  global batch: {global_batch} = minibatch_size {t.minibatch_size} per process × "
         f"minibatches_per_step {t.minibatches_per_step} × world size {world_size}",
         f"  steps per epoch: {_steps_per_epoch(cfg, shards)}",

@@ -298,6 +298,15 @@ class TrainingParameters(_Model):
     cql_alpha: float = Field(
         default=0.0, ge=0.0, description="Conservative Q-learning regulariser weight (0 = off)."
     )
+    cql_weighting: Literal["constant", "behavior_entropy"] = Field(
+        default="constant",
+        description="How the CQL penalty is weighted per logged row (dqn workflow only). "
+        "constant: cql_alpha everywhere. behavior_entropy: cql_alpha × w(s), w(s) = 1 − "
+        "H(π_b(·|s)) / log(possible actions), π_b an imitation network trained on the "
+        "logged actions in the same step: full penalty where the logger was sure of its "
+        "action, none where it chose uniformly at random (where no action is out of the "
+        "data). Needs cql_alpha > 0.",
+    )
     export_diverged_model: bool = Field(
         default=False,
         description="Write model.pt2 even when the run ends with its Q-values diverging "
@@ -883,6 +892,13 @@ class DQNWorkflowConfig(BaseWorkflowConfig):
                 "the dqn workflow needs gym sample data",
                 self.sample_data.kind,
             )
+        if self.training.cql_weighting != "constant" and self.training.cql_alpha <= 0.0:
+            raise ConfigProblem(
+                ("training", "cql_weighting"),
+                "weights the CQL penalty, so it needs training.cql_alpha > 0 "
+                f"(got cql_alpha {self.training.cql_alpha})",
+                self.training.cql_weighting,
+            )
         return self
 
 
@@ -930,6 +946,13 @@ class ParametricDQNWorkflowConfig(BaseWorkflowConfig):
                 ("rainbow", "bcq_drop_threshold"),
                 "not supported by parametric_dqn (BCQ imitates a fixed set of actions)",
                 self.rainbow.bcq_drop_threshold,
+            )
+        if self.training.cql_weighting != "constant":
+            raise ConfigProblem(
+                ("training", "cql_weighting"),
+                "not supported by parametric_dqn (only 'constant': the behaviour estimate "
+                "imitates a fixed set of actions)",
+                self.training.cql_weighting,
             )
         return self
 

@@ -119,7 +119,9 @@ class DiscreteKind(Kind[DQNWorkflowConfig, DiscreteSpace]):
     ) -> nn.Module:
         q_net = self.build_q_network(cfg, dims, space)
         threshold = cfg.rainbow.bcq_drop_threshold
-        if threshold is None:
+        # The CQL weight reads the logging policy off BCQ's imitator (threshold None: it
+        # drops nothing).
+        if threshold is None and cfg.training.cql_weighting == "constant":
             return q_net
         t = cfg.training
         # The imitation network: the Q-network's shape (never dueling), its own weights.

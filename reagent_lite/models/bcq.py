@@ -25,17 +25,21 @@ from torch import Tensor, nn
 class BCQQNetwork(nn.Module):
     """Q-network + imitation network (both [B, D] → [B, A]); see the module notes."""
 
-    def __init__(self, q: nn.Module, imitator: nn.Module, threshold: float) -> None:
+    def __init__(self, q: nn.Module, imitator: nn.Module, threshold: float | None) -> None:
         super().__init__()
-        if not 0.0 < threshold < 1.0:
-            raise ValueError(f"BCQ threshold must be in (0, 1) (got {threshold})")
+        if threshold is not None and not 0.0 < threshold < 1.0:
+            raise ValueError(f"BCQ threshold must be in (0, 1) or None (got {threshold})")
         self.q = q
         self.imitator = imitator
-        self.threshold = float(threshold)
-        self.log_threshold = math.log(threshold)
+        # None: the imitator only estimates the logging policy (`training.cql_weighting`)
+        # and drops no action, so the policy is the Q-network's own.
+        self.threshold = None if threshold is None else float(threshold)
+        self.log_threshold = -math.inf if threshold is None else math.log(threshold)
 
     def forward(self, state: Tensor, imitation: bool = False) -> Tensor:
         q = self.q(state)
+        if not imitation and self.threshold is None:
+            return q  # nothing to drop: the served model skips the imitator
         logits = self.imitator(state)
         if imitation:
             return torch.cat([q, logits.to(q.dtype)], dim=1)
@@ -43,7 +47,10 @@ class BCQQNetwork(nn.Module):
 
     def allowed(self, logits: Tensor) -> Tensor:
         """[B, A] bool: imitation probability ≥ threshold × the row's largest (in log space:
-        log p − max log p ≥ log threshold, which the softmax's normaliser cancels out of)."""
+        log p − max log p ≥ log threshold, which the softmax's normaliser cancels out of);
+        every action without a threshold."""
+        if self.threshold is None:
+            return torch.ones_like(logits, dtype=torch.bool)
         return logits - logits.max(dim=1, keepdim=True).values >= self.log_threshold
 
     @staticmethod

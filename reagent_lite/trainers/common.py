@@ -37,6 +37,7 @@ from reagent_lite.trainers.optim import soft_update as soft_update
 
 OPTIMIZERS = ("adam", "adamw", "sgd", "rmsprop")
 LOSSES = ("mse", "huber")
+CQL_WEIGHTINGS = ("constant", "behavior_entropy")
 
 
 @dataclass(frozen=True)
@@ -51,6 +52,7 @@ class DQNHyperParams:
     reward_boost: Mapping[str, float] = field(default_factory=dict, hash=False)
     use_seq_num_diff_as_time_diff: bool = False
     cql_alpha: float = 0.0
+    cql_weighting: str = "constant"
     learning_rate: float = 1e-3
     optimizer: str = "adam"
     l2_decay: float = 0.0
@@ -68,6 +70,11 @@ class DQNHyperParams:
             raise ConfigError(
                 f"rl.q_network_loss: unknown loss (got {self.q_network_loss!r}); "
                 f"expected one of {list(LOSSES)}"
+            )
+        if self.cql_weighting not in CQL_WEIGHTINGS:
+            raise ConfigError(
+                f"training.cql_weighting: unknown weighting (got {self.cql_weighting!r}); "
+                f"expected one of {list(CQL_WEIGHTINGS)}"
             )
         if self.minibatches_per_step < 1:
             raise ConfigError(
@@ -87,6 +94,7 @@ class DQNHyperParams:
             reward_boost=dict(rl.reward_boost),
             use_seq_num_diff_as_time_diff=rl.use_seq_num_diff_as_time_diff,
             cql_alpha=training.cql_alpha,
+            cql_weighting=training.cql_weighting,
             learning_rate=training.learning_rate,
             optimizer=training.optimizer,
             l2_decay=training.l2_decay,
@@ -262,6 +270,13 @@ class QLearningTrainer(Generic[BatchT]):
         and a loss the subclass adds from the same forward, or None)."""
         raise NotImplementedError
 
+    def _q_logged_weighted(
+        self, batch: BatchT, net: nn.Module
+    ) -> tuple[QLogged, torch.Tensor | None]:
+        """`_q_logged` and, from the same forward, a per-row weight [B] of the CQL term
+        (detached), or None for the constant cql_alpha (`training.cql_weighting`)."""
+        return self._q_logged(batch, net), None
+
     def _next_value(self, batch: BatchT) -> torch.Tensor:
         """Value of the next state [B] (max or SARSA, from the target net); no grad."""
         raise NotImplementedError
@@ -299,14 +314,17 @@ class QLearningTrainer(Generic[BatchT]):
         by default `q_net`), the rest are detached.
 
         CQL (Kumar et al. 2020) here is logsumexp of Q over the *possible* actions minus Q of
-        the logged action, averaged over the batch.
+        the logged action, averaged over the batch (each row × its weight, when the trainer
+        gives one: `_q_logged_weighted`).
         """
         target = self.compute_target(batch)
-        q, candidate_q, own_loss = self._q_logged(batch, self.q_net if net is None else net)
+        logged, weight = self._q_logged_weighted(batch, self.q_net if net is None else net)
+        q, candidate_q, own_loss = logged
         td = td_loss(q, target, self.hp.q_network_loss)
         if self.hp.cql_alpha > 0.0:
             # The mask is read only here: without CQL its rows are never gathered.
-            cql = (masked_logsumexp(candidate_q, batch.possible_actions_mask) - q).mean()
+            gap = masked_logsumexp(candidate_q, batch.possible_actions_mask) - q
+            cql = gap.mean() if weight is None else (weight * gap).mean()
             total = td + self.hp.cql_alpha * cql
         else:
             cql = torch.zeros((), device=q.device, dtype=q.dtype)

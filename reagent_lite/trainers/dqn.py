@@ -21,7 +21,7 @@ from reagent_lite.config.models import DQNWorkflowConfig
 from reagent_lite.errors import ConfigError
 from reagent_lite.models.bcq import BCQQNetwork
 from reagent_lite.trainers.common import DQNHyperParams, QLearningTrainer, QLogged
-from reagent_lite.trainers.masked import double_q_value, masked_max
+from reagent_lite.trainers.masked import behavior_certainty, double_q_value, masked_max
 
 
 class DiscreteBatch(Protocol):
@@ -83,6 +83,11 @@ class DQNTrainer(QLearningTrainer[DiscreteBatch]):
         self.n_actions = int(n_actions)
         # BCQ: the online network's imitator decides which next actions the max may take.
         self.bcq: BCQQNetwork | None = self.online if isinstance(self.online, BCQQNetwork) else None
+        if hparams.cql_weighting != "constant" and self.bcq is None:
+            raise ValueError(
+                f"cql_weighting {hparams.cql_weighting!r} reads the logging policy off an "
+                "imitation network: q_net must be a BCQQNetwork"
+            )
         self.reward_boost: torch.Tensor | None = None
         if reward_boost_vector is not None:
             if reward_boost_vector.shape != (self.n_actions,):
@@ -114,16 +119,27 @@ class DQNTrainer(QLearningTrainer[DiscreteBatch]):
         return batch.reward + self.reward_boost[batch.action]
 
     def _q_logged(self, batch: DiscreteBatch, net: nn.Module) -> QLogged:
+        return self._q_logged_weighted(batch, net)[0]
+
+    def _q_logged_weighted(
+        self, batch: DiscreteBatch, net: nn.Module
+    ) -> tuple[QLogged, torch.Tensor | None]:
         logged = batch.action.unsqueeze(1)
         if self.bcq is None:
             q_all = net(batch.state)
-            return q_all.gather(1, logged).squeeze(1), q_all, None
+            return (q_all.gather(1, logged).squeeze(1), q_all, None), None
         q_all, logits = BCQQNetwork.split(net(batch.state, imitation=True))
         imitation = F.cross_entropy(logits.float(), batch.action)
-        return q_all.gather(1, logged).squeeze(1), q_all, imitation
+        weight = None
+        if self.hp.cql_weighting == "behavior_entropy":
+            # How sure the logger was here: uniform logging (w ≈ 0) leaves no action out of
+            # the data for CQL to push down, and its penalty would only flatten Q.
+            weight = behavior_certainty(logits, batch.possible_actions_mask).to(q_all.dtype)
+        return (q_all.gather(1, logged).squeeze(1), q_all, imitation), weight
 
     def _next_value(self, batch: DiscreteBatch) -> torch.Tensor:
-        if self.bcq is not None:
+        # An imitator without a threshold drops nothing: the plain max, no imitator forward.
+        if self.bcq is not None and self.bcq.threshold is not None:
             return self._bcq_next_value(batch)
         target_q = self.target(batch.next_state)
         if not self.hp.maxq_learning:

@@ -45,3 +45,17 @@ def masked_logsumexp(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     valid = mask > 0
     lse = _lowest_where_invalid(values, valid).logsumexp(dim=1)
     return torch.where(valid.any(dim=1), lse, 0.0)
+
+
+def behavior_certainty(logits: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """1 − H(p) / log n per row [B], p = softmax of `logits` [B, A] over the n entries with
+    `mask` > 0: 0 for a uniform p, 1 for a one-hot one (and for rows with n ≤ 1, where
+    there is no choice). Detached: it weights a loss, it is not trained through it."""
+    logits = logits.detach().float()
+    valid = mask > 0
+    log_p = _lowest_where_invalid(logits, valid).log_softmax(dim=1)
+    # Masked entries have p = 0; 0 · log 0 is taken as 0 (where, not a product with −huge).
+    entropy = -torch.where(valid, log_p.exp() * log_p, 0.0).sum(dim=1)
+    n = valid.sum(dim=1)
+    log_n = torch.log(n.clamp(min=2).to(logits.dtype))
+    return torch.where(n > 1, (1.0 - entropy / log_n).clamp(0.0, 1.0), 1.0)
