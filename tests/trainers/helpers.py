@@ -74,6 +74,15 @@ def identity_q_net(n_actions: int = 2, scale: float = 1.0) -> nn.Module:
     return net
 
 
+def constant_logits(probs: list[float]) -> nn.Linear:
+    """An imitator of 2-d states that always says `probs` (a BCQ / behaviour estimate)."""
+    lin = nn.Linear(2, len(probs))
+    with torch.no_grad():
+        lin.weight.zero_()
+        lin.bias.copy_(torch.tensor(probs).log())
+    return lin
+
+
 @torch.no_grad()
 def set_identity(net: nn.Module, scale: float) -> None:
     assert isinstance(net, MLP)

@@ -19,16 +19,12 @@ from reagent_lite.kinds.base import DiscreteSpace
 from reagent_lite.models.bcq import BCQQNetwork
 from reagent_lite.trainers import DQNHyperParams, DQNTrainer
 from reagent_lite.trainers.masked import behavior_certainty, masked_logsumexp
-from tests.trainers.helpers import discrete_batch, identity_q_net, random_discrete_batch
-
-
-def _constant_logits(probs: list[float]) -> nn.Linear:
-    """An imitator of 2-d states that always says `probs`."""
-    lin = nn.Linear(2, len(probs))
-    with torch.no_grad():
-        lin.weight.zero_()
-        lin.bias.copy_(torch.tensor(probs).log())
-    return lin
+from tests.trainers.helpers import (
+    constant_logits,
+    discrete_batch,
+    identity_q_net,
+    random_discrete_batch,
+)
 
 
 def _trainer(net: nn.Module, **hp: object) -> DQNTrainer:
@@ -76,7 +72,7 @@ def test_certainty_is_zero_for_uniform_and_one_for_one_hot() -> None:
     ],
 )
 def test_weighted_cql_term_by_hand(probs: list[float], weight: float) -> None:
-    net = BCQQNetwork(identity_q_net(), _constant_logits(probs), None)
+    net = BCQQNetwork(identity_q_net(), constant_logits(probs), None)
     record = _trainer(net, cql_alpha=0.5, cql_weighting="behavior_entropy").compute_loss(
         _batch()  # type: ignore[arg-type]
     )
@@ -115,7 +111,7 @@ def test_constant_weighting_keeps_the_plain_cql_bits() -> None:
 
 
 def test_imitator_without_threshold_drops_nothing() -> None:
-    imitator = _constant_logits([0.99, 0.01])
+    imitator = constant_logits([0.99, 0.01])
     net = BCQQNetwork(identity_q_net(), imitator, None)
     state = torch.tensor([[1.0, 5.0], [3.0, 2.0]])
     # The served Q is the Q-network's own (no action dropped, no imitator run).

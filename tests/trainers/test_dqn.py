@@ -13,6 +13,7 @@ from reagent_lite.models.bcq import BCQQNetwork
 from reagent_lite.trainers import DQNHyperParams, DQNTrainer, reward_boost_vector
 from tests.trainers.helpers import (
     Sync,
+    constant_logits,
     discrete_batch,
     identity_q_net,
     random_discrete_batch,
@@ -391,19 +392,10 @@ def _bcq(q: nn.Module, imitator: nn.Module, threshold: float = 0.3) -> BCQQNetwo
     return BCQQNetwork(q, imitator, threshold)
 
 
-def _constant_logits(probs: list[float]) -> nn.Module:
-    """An imitator of 2-d states that always says `probs`."""
-    lin = nn.Linear(2, len(probs))
-    with torch.no_grad():
-        lin.weight.zero_()
-        lin.bias.copy_(torch.tensor(probs).log())
-    return lin
-
-
 @pytest.mark.parametrize("double_q", [False, True])
 def test_bcq_next_state_max_skips_actions_the_imitator_drops(double_q: bool) -> None:
     # Next Q = [1, 5]; the logger takes action 1 with probability 0.1 (0.1/0.9 < 0.3).
-    net = _bcq(identity_q_net(), _constant_logits([0.9, 0.1]))
+    net = _bcq(identity_q_net(), constant_logits([0.9, 0.1]))
     trainer = _trainer(net, double_q_learning=double_q)
     batch = discrete_batch([[0, 0]], [0], [1.0], [[1.0, 5.0]])
     torch.testing.assert_close(trainer.compute_target(batch), torch.tensor([1 + GAMMA * 1.0]))
@@ -411,11 +403,11 @@ def test_bcq_next_state_max_skips_actions_the_imitator_drops(double_q: bool) -> 
     batch.possible_next_actions_mask = torch.tensor([[0.0, 1.0]])
     torch.testing.assert_close(trainer.compute_target(batch), torch.tensor([1.0]))
     # A looser threshold keeps action 1: the plain max again.
-    loose = _trainer(_bcq(identity_q_net(), _constant_logits([0.9, 0.1]), 0.05))
+    loose = _trainer(_bcq(identity_q_net(), constant_logits([0.9, 0.1]), 0.05))
     batch.possible_next_actions_mask = torch.ones(1, 2)
     torch.testing.assert_close(loose.compute_target(batch), torch.tensor([1 + GAMMA * 5.0]))
     # SARSA values the logged next action as it is, dropped or not.
-    sarsa = _trainer(_bcq(identity_q_net(), _constant_logits([0.9, 0.1])), maxq_learning=False)
+    sarsa = _trainer(_bcq(identity_q_net(), constant_logits([0.9, 0.1])), maxq_learning=False)
     batch.next_action = torch.tensor([1])
     torch.testing.assert_close(sarsa.compute_target(batch), torch.tensor([1 + GAMMA * 5.0]))
 
