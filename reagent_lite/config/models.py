@@ -691,7 +691,8 @@ class BaseWorkflowConfig(_Model):
         description="With stream_from_disk: window loads kept in flight ahead of the window "
         "being trained on (each adds about one window to host memory: about "
         'stream_read_ahead + 2 windows in all). "auto": 1 when training on the CPU (the '
-        "loaders would take its cores); on a GPU one load per 4 cores of the host (each "
+        "loaders would take its cores); on a GPU one load per 4 of the rank's cores (the host's, within its CPU mask "
+        "and cgroup quota, shared among the node's ranks; each "
         "load runs up to 4 threads), at least 1 and at most 3. The "
         "chunks trained on are the same for every value.",
     )

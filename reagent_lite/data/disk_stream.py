@@ -9,26 +9,22 @@ Each epoch the rank visits its units in an order drawn from (seed, rank, epoch, 
 packs consecutive units into windows of at most `window_rows` rows (a single larger row
 group is a window of its own), loads a window through the streaming ingest (same
 validation, tensorization and in-place normalization as the resident path), gathers the
-window's rows in a shuffled order once, in that background thread (`windows.shuffled`), and hands
-them out in chunks of whole steps — slices of it, no copy — while the next windows load.
-Gathering each chunk as it was handed out put the gather on the path of every step: on a
-GPU the chunk prefetcher's thread gathered, then copied into pinned memory (issue 39).
-Rows that do not fill a whole step at the end of a window are carried into the next one;
-when the epoch needs more steps than the shard holds (a shorter shard than the largest),
-a fresh pass with a new unit order follows, as `EpochSampler` wraps.
+window's rows in a shuffled order once, in that background thread (`windows.shuffled`:
+gathering each chunk as it was handed out put the gather on every step's path), and
+hands them out in chunks of whole steps — slices of it, no copy — while the next windows
+load. Rows that do not fill a whole step at the end of a window are carried into the next
+one; an epoch that needs more steps than the shard holds starts a fresh pass with a new
+unit order, as `EpochSampler` wraps.
 
 Read-ahead (`read_ahead`, the config's `stream_read_ahead`): up to `depth` window loads
-run at once, on a pool of that many threads, queued in the order they are handed out —
-the epoch's next windows until their rows by the footers cover the epoch, then the next
-epoch's first ones (never further). One load runs at about 9M rows/s whatever the host's
-cores (on an H200 host the whole stream's time was its window loads, issue 39); a GPU step
-takes about twice that. Each window's rows and order come from (seed, rank, epoch, window
-index) alone and windows are handed out in order, so the chunks — and, when windows are
-bad, the error raised: the first bad window's in epoch order — are the same for every
-depth. An epoch that ends (or is abandoned) cancels its loads still queued and waits for
-its running ones: none runs into the next epoch; `close` does the same for all and stops
-the pool's threads. When validation drops rows, an epoch can need a window more than the
-footers promised: it is loaded then, after those of the next epoch already queued.
+run at once on a pool of that many threads, queued in the order they are handed out — the
+epoch's next windows until their rows by the footers cover it, then the next epoch's first
+ones. One load runs at about 9M rows/s whatever the cores (issue 39). Each window's rows and
+order come from (seed, rank, epoch, window index) alone and windows are handed out in
+order, so the chunks, and the first bad window's error, are the same at every depth. An
+epoch that ends (or is abandoned) cancels its queued loads and waits for its running
+ones; `close` does the same for all and stops the pool. When validation drops rows, an
+epoch may need one window more than the footers promised: it is loaded then.
 
 A window's units load in parallel (`data/windows.py`: `load_units`, the ingest engine per
 unit, up to `load_threads()` units at a time); a window of one large row group still loads
@@ -49,16 +45,14 @@ loading holds, besides the window's arrays, the Arrow data of the row groups bei
 decoded (one per loading thread).
 
 The stream's threads run torch on one OpenMP thread (`one_omp_thread`: a window's row
-order, its load, the carried rows' concatenation) and gather a window on one thread. A parallel op there would start a second OpenMP team that
-lives as long as the thread; with more OpenMP threads than cores, libgomp stops spinning
-between parallel regions in *every* team, the training thread's included, so each of a
-small step's dozens of ops waits for its worker thread to wake up. That, not the data, was
-what made dqn streamed from prepared units run at a quarter of resident speed on a quiet
-2-core CPU (issue 41; on a loaded box it goes the other way: spinning then wastes cores).
-A run that trains on a GPU sets `serial_threads` off: its training thread runs no OpenMP
-team to disturb, and a window's host work is faster on several cores (on an H200 host,
-parametric streaming fell from 0.45x to 0.32x of resident with it serial); a window is
-then gathered on `load_threads()` threads.
+order, its load, the carried rows' concatenation) and gather a window on one thread. A
+parallel op there would start a second OpenMP team; with more OpenMP threads than cores,
+libgomp stops spinning between parallel regions in *every* team, the training thread's
+included, and each of a small step's ops waits for its worker to wake up: that made dqn
+streamed from prepared units run at a quarter of resident speed on a quiet 2-core CPU
+(issue 41). A run that trains on a GPU sets `serial_threads` off: its training thread runs
+no OpenMP team to disturb, and a window is gathered on `load_threads()` threads (serial,
+parametric streaming on an H200 host fell from 0.45x to 0.32x of resident).
 """
 
 from __future__ import annotations
@@ -178,6 +172,7 @@ class DiskShardStream:
         rank: int,
         prepared: PreparedUnits | None = None,
         read_ahead: int | Literal["auto"] = "auto",
+        cores: int | None = None,
     ) -> None:
         if not units:
             raise DataError("stream_from_disk: this rank's shard has no rows")
@@ -190,6 +185,7 @@ class DiskShardStream:
         self.rank = rank
         self.prepared = prepared  # `load` reads prepared units (for the log and counts)
         self.read_ahead = read_ahead
+        self.cores = host_cores() if cores is None else cores  # this rank's share ("auto")
         self.num_rows = sum(u.num_rows or 0 for u in self.units)
         self.step_rows = 1
         self.rows_per_epoch = self.num_rows
@@ -202,6 +198,7 @@ class DiskShardStream:
         self._queue: deque[_Queued] = deque()
         self._plans: dict[int, _Plan] = {}  # per epoch: its windows, how many submitted
         self._lock = threading.Lock()
+        self._closed = False  # close() ran: no load starts after it (`_open_pool`)
         # The stream's own torch ops on one OpenMP thread: for CPU training (see the module
         # notes). A GPU run trains on the device, and its host gathers go faster on many.
         self.serial_threads = True
@@ -210,14 +207,15 @@ class DiskShardStream:
     def depth(self) -> int:
         """Window loads kept in flight. "auto": 1 where `serial_threads` is on (CPU
         training: the loaders would take the training thread's cores); on a GPU as many as
-        the host's cores run at `load_threads()` threads each, at most 3 — one load runs at
+        this rank's share of the cores (`cores`: the mask and quota over the node's ranks)
+        runs at `load_threads()` threads each, at most 3 — one load runs at
         about 9M rows/s whatever the cores (its threads hold the GIL a quarter of the
         time), a GPU step consumes about twice that, and a third load covers a slow one."""
         if self.read_ahead != "auto":
             return self.read_ahead
         if self.serial_threads:
             return 1
-        return max(1, min(3, host_cores() // load_threads()))
+        return max(1, min(3, self.cores // load_threads()))
 
     def configure(self, *, step_rows: int, steps_per_epoch: int) -> None:
         self.step_rows = step_rows
@@ -273,20 +271,33 @@ class DiskShardStream:
 
     def _submit(self, plan: _Plan) -> _Queued:
         """Starts loading `plan`'s next window (the pool runs loads in submission order)."""
-        if self._pool is None:
-            self._pool = ThreadPoolExecutor(self.depth, thread_name_prefix="reagent-lite-disk")
+        pool = self._open_pool()
         units = next(plan.windows)
         rows = sum(u.num_rows or 0 for u in units)
         plan.rows += rows
         plan.submitted += 1
-        load = self._pool.submit(self._load, units, plan.epoch, plan.submitted - 1)
+        load = pool.submit(self._load, units, plan.epoch, plan.submitted - 1)
         return _Queued(plan.epoch, rows, load)
+
+    def _open_pool(self) -> ThreadPoolExecutor:
+        """The loaders' pool (made on the first load: its size is `depth`). After `close`
+        a consumer still reading an epoch (one that outlived its join) gets a clear error
+        instead of a new pool that nothing would shut down."""
+        with self._lock:
+            if self._closed:
+                raise DataError("stream_from_disk: the stream was closed while an epoch was read")
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(self.depth, thread_name_prefix="reagent-lite-disk")
+            return self._pool
 
     def _fill(self, epoch: int) -> None:
         """Up to `depth` loads queued: the epoch's windows until their rows (by the
         footers) cover it, then the next epoch's first ones (never further ahead)."""
         while len(self._queue) < self.depth:
-            plan = self._plans[epoch]
+            plan = self._plans.get(epoch)
+            if plan is None:  # close() dropped it: `_open_pool` says so
+                self._open_pool()
+                return
             if plan.rows >= self.rows_per_epoch:
                 plan = self._plans.setdefault(epoch + 1, _Plan(epoch + 1, self.windows(epoch + 1)))
                 if plan.rows >= self.rows_per_epoch:
@@ -388,6 +399,8 @@ class DiskShardStream:
     def close(self) -> None:
         """Cancels the loads read ahead and waits for the running ones: no stream thread
         is left."""
+        with self._lock:
+            self._closed = True
         self._drop(lambda q: False)
         self._plans.clear()
         if self._pool is not None:

@@ -125,6 +125,13 @@ def this_node(processes: int, *, in_process: bool) -> ThreadPlan:
     return plan_threads(processes, limits, os.environ, user_wait=user_wait, wait_settable=settable)
 
 
+def cores_per_process(processes: int) -> int:
+    """This process's share, among the node's `processes`, of the cores it may use (the
+    affinity mask and the cgroup quota): what one rank's background work may count on."""
+    limits = CpuLimits(len(os.sched_getaffinity(0)), cgroup_quota_cores())
+    return max(1, limits.cores // max(1, processes))
+
+
 def cgroup_quota_cores(root: Path = CGROUP_ROOT, self_cgroup: str | None = None) -> float | None:
     """The CPU quota of this process's cgroup and its ancestors in cores (the smallest),
     or None when there is none. `self_cgroup`: the text of ``/proc/self/cgroup``."""

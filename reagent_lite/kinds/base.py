@@ -40,6 +40,7 @@ from reagent_lite.data.schema import Field, TableSchema
 from reagent_lite.data.shard_builder import IngestedShard
 from reagent_lite.data.windows import load_units, stream_units
 from reagent_lite.distributed.context import DistContext
+from reagent_lite.distributed.threads import cores_per_process
 from reagent_lite.errors import DataError
 from reagent_lite.kinds.serving import Acting, NotServed
 from reagent_lite.normalization.module import Preprocessor, one_intraop_thread
@@ -355,6 +356,7 @@ class Kind(ABC, Generic[C, S]):
             load if prepared is None else prepared.load,
             window_rows=cfg.stream_window_rows,
             read_ahead=cfg.stream_read_ahead,
+            cores=cores_per_process(ctx.procs_per_node),
             seed=cfg.seed,
             rank=ctx.rank,
             prepared=prepared,

@@ -49,3 +49,6 @@ def test_both_orders_compares_each_tree_s_mean_over_its_two_places() -> None:
         "c", ["before", "after"], {"before": [10.0, 10.0], "after": [11.0, 11.0]}
     )
     assert lines[1].endswith("both orders: x1.100")
+    one = both_orders_summary("c", ["before", "after"], {"before": [10.0, 10.0], "after": [11.0]})
+    assert one[1].endswith("(one place only: not comparable)")
+    assert not one[0].endswith("not comparable)")  # the baseline ran in both places

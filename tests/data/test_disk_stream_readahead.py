@@ -208,6 +208,50 @@ def test_close_mid_epoch_leaves_no_thread_and_starts_no_load(tmp_path: Path) -> 
     assert load.started == started
 
 
+def test_close_while_a_consumer_waits_on_a_load_ends_it_with_a_clear_error(
+    tmp_path: Path,
+) -> None:
+    """close() from another thread (a prefetch worker that outlived its join) while the
+    consumer waits on a window: the consumer ends with a DataError saying so, not a
+    KeyError, and no pool is made again after close()."""
+    path = write(tmp_path / "t.parquet", rows(480), 40)
+    load = Loads()
+    gate = threading.Event()
+    real = load.__call__
+
+    def gated(units: Sequence[ShardPiece]) -> dict[str, Tensor]:
+        gate.wait(30)
+        return real(units)
+
+    before = threading.enumerate()
+    stream = DiskShardStream(
+        stream_units(str(path), 0, 1), gated, window_rows=40, seed=7, rank=0, read_ahead=2
+    )
+    stream.configure(step_rows=20, steps_per_epoch=24)
+    errors: list[BaseException] = []
+
+    def consume() -> None:
+        try:
+            for _ in stream.epoch_chunks(0):
+                pass
+        except BaseException as e:
+            errors.append(e)
+
+    consumer = threading.Thread(target=consume)
+    consumer.start()
+    time.sleep(0.3)  # the consumer waits on its first window
+    closer = threading.Thread(target=stream.close)
+    closer.start()
+    time.sleep(0.2)
+    gate.set()  # the running loads finish while close() waits for them
+    closer.join(30)
+    consumer.join(30)
+    assert not consumer.is_alive() and not closer.is_alive()
+    assert len(errors) == 1 and isinstance(errors[0], DataError), errors
+    assert "closed" in str(errors[0])
+    assert stream._pool is None and _threads(before) == []
+
+
 def test_depth_and_description() -> None:
     units = [ShardPiece(Path("x.parquet"), "row_groups", (0,), num_rows=10)]
 
@@ -218,6 +262,14 @@ def test_depth_and_description() -> None:
     assert auto.depth == 1 and "1 window read ahead (auto)" in auto.describe()
     auto.serial_threads = False  # as a GPU run sets it
     assert auto.depth == max(1, min(3, host_cores() // load_threads()))
+    # "auto" counts this rank's share of the cores, not the host's: 8 ranks on 32 cores
+    # get 4 each, one load of up to 4 threads; alone on 64 cores, three.
+    for cores, depth in ((4, 1), (8, 2), (64, 3)):
+        share = DiskShardStream(units, load, window_rows=10, seed=0, rank=0, cores=cores)
+        share.serial_threads = False
+        assert share.depth == max(1, min(3, cores // load_threads())), cores
+        if load_threads() == 4:
+            assert share.depth == depth
     three = DiskShardStream(units, load, window_rows=10, seed=0, rank=0, read_ahead=3)
     assert three.depth == 3 and ", 3 windows read ahead, " in three.describe()
     with pytest.raises(ValueError, match="read_ahead must be 'auto' or >= 1, got 0"):

@@ -14,7 +14,12 @@ import pytest
 import torch
 
 from reagent_lite.distributed import DistContext, launch, plan_launch
-from reagent_lite.distributed.threads import CpuLimits, cgroup_quota_cores, plan_threads
+from reagent_lite.distributed.threads import (
+    CpuLimits,
+    cgroup_quota_cores,
+    cores_per_process,
+    plan_threads,
+)
 from reagent_lite.errors import ConfigError
 
 REPO = Path(__file__).resolve().parents[2]
@@ -259,3 +264,10 @@ def test_ranks_started_by_torchrun_or_srun_take_their_share_and_log_once(tmp_pat
     assert f"CPU threads: {share} per process (affinity" in logs[0]
     assert "2 processes)" in logs[0]
     assert "CPU threads:" not in logs[1], logs[1]
+
+
+def test_a_ranks_share_of_the_cores_divides_what_this_process_may_use() -> None:
+    mine = CpuLimits(len(os.sched_getaffinity(0)), cgroup_quota_cores()).cores
+    assert cores_per_process(1) == mine
+    assert cores_per_process(mine * 2) == 1  # never 0
+    assert cores_per_process(2) == max(1, mine // 2)
