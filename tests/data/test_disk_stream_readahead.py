@@ -177,24 +177,33 @@ def _first(windows: Iterator[list[ShardPiece]], n: int) -> list[list[ShardPiece]
     return [next(windows) for _ in range(n)]
 
 
-def test_close_mid_epoch_leaves_no_thread_and_starts_no_load(tmp_path: Path) -> None:
-    """An epoch abandoned after its first chunk while loads run ahead, then close(): the
-    loads queued are cancelled, the running ones waited for, the pool's threads gone."""
+def _gated(
+    tmp_path: Path, *, depth: int, free: int, step: int, steps: int
+) -> tuple[DiskShardStream, Loads, threading.Event, list[threading.Thread]]:
+    """A stream of 12 windows of 40 rows whose loads after the first `free` wait for the
+    returned gate; with the threads alive before it."""
     path = write(tmp_path / "t.parquet", rows(480), 40)
     load = Loads()
     gate = threading.Event()
     real = load.__call__
 
     def gated(units: Sequence[ShardPiece]) -> dict[str, Tensor]:
-        if load.started >= 1:  # every load after the first waits for the gate
+        if load.started >= free:
             gate.wait(30)
         return real(units)
 
     before = threading.enumerate()
     stream = DiskShardStream(
-        stream_units(str(path), 0, 1), gated, window_rows=40, seed=7, rank=0, read_ahead=3
+        stream_units(str(path), 0, 1), gated, window_rows=40, seed=7, rank=0, read_ahead=depth
     )
-    stream.configure(step_rows=40, steps_per_epoch=12)
+    stream.configure(step_rows=step, steps_per_epoch=steps)
+    return stream, load, gate, before
+
+
+def test_close_mid_epoch_leaves_no_thread_and_starts_no_load(tmp_path: Path) -> None:
+    """An epoch abandoned after its first chunk while loads run ahead, then close(): the
+    loads queued are cancelled, the running ones waited for, the pool's threads gone."""
+    stream, load, gate, before = _gated(tmp_path, depth=3, free=1, step=40, steps=12)
     chunks = stream.epoch_chunks(0)
     next(chunks)
     assert len(stream._queue) == 3 and _threads(before)
@@ -214,20 +223,7 @@ def test_close_while_a_consumer_waits_on_a_load_ends_it_with_a_clear_error(
     """close() from another thread (a prefetch worker that outlived its join) while the
     consumer waits on a window: the consumer ends with a DataError saying so, not a
     KeyError, and no pool is made again after close()."""
-    path = write(tmp_path / "t.parquet", rows(480), 40)
-    load = Loads()
-    gate = threading.Event()
-    real = load.__call__
-
-    def gated(units: Sequence[ShardPiece]) -> dict[str, Tensor]:
-        gate.wait(30)
-        return real(units)
-
-    before = threading.enumerate()
-    stream = DiskShardStream(
-        stream_units(str(path), 0, 1), gated, window_rows=40, seed=7, rank=0, read_ahead=2
-    )
-    stream.configure(step_rows=20, steps_per_epoch=24)
+    stream, _, gate, before = _gated(tmp_path, depth=2, free=0, step=20, steps=24)
     errors: list[BaseException] = []
 
     def consume() -> None:
