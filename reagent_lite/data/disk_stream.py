@@ -70,27 +70,11 @@ import torch
 from torch import Tensor
 
 from reagent_lite.data.readers import ShardPiece
-from reagent_lite.data.windows import host_cores, load_threads, shuffled
+from reagent_lite.data.windows import host_cores, load_threads, one_omp_thread, shuffled
 from reagent_lite.errors import DataError
 
 if TYPE_CHECKING:
     from reagent_lite.data.prepared import PreparedUnits
-
-
-@contextlib.contextmanager
-def one_omp_thread(serial: bool = True) -> Iterator[None]:
-    """Torch ops of the calling thread on one OpenMP thread inside, its count restored
-    after (see the module notes). The count is the calling thread's: the training thread's
-    own team is left alone (a thread started meanwhile starts at one too)."""
-    threads = torch.get_num_threads()
-    if threads == 1 or not serial:
-        yield
-        return
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(threads)
 
 
 def _rng(seed: int, rank: int, epoch: int, what: int, index: int) -> np.random.Generator:
@@ -202,6 +186,7 @@ class DiskShardStream:
         # The stream's own torch ops on one OpenMP thread: for CPU training (see the module
         # notes). A GPU run trains on the device, and its host gathers go faster on many.
         self.serial_threads = True
+        self.last_epoch: int | None = None  # the run's last: nothing is read ahead past it
 
     @property
     def depth(self) -> int:
@@ -299,6 +284,8 @@ class DiskShardStream:
                 self._open_pool()
                 return
             if plan.rows >= self.rows_per_epoch:
+                if self.last_epoch is not None and epoch >= self.last_epoch:
+                    return
                 plan = self._plans.setdefault(epoch + 1, _Plan(epoch + 1, self.windows(epoch + 1)))
                 if plan.rows >= self.rows_per_epoch:
                     return

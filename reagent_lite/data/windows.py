@@ -14,10 +14,11 @@ units are bad the error is the first one's, as if they had loaded one by one.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import os
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Generic, TypeVar
@@ -144,6 +145,22 @@ def load_threads() -> int:
     contend: on a 32-core H200 host a window of 16 row groups loaded at 1.9 / 4.5 / 5.5 /
     4.6M rows/s with 1 / 2 / 4 / 8 threads (benchmarks/RESULTS.md)."""
     return max(1, min(4, host_cores()))
+
+
+@contextlib.contextmanager
+def one_omp_thread(serial: bool = True) -> Iterator[None]:
+    """Torch ops of the calling thread on one OpenMP thread inside, its count restored
+    after (`disk_stream`'s module notes). The count is the calling thread's: the training thread's
+    own team is left alone (a thread started meanwhile starts at one too)."""
+    threads = torch.get_num_threads()
+    if threads == 1 or not serial:
+        yield
+        return
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
 
 
 def host_cores() -> int:

@@ -334,6 +334,7 @@ class DiskStreamed(StreamedRows):
         # Serial stream threads protect a CPU training thread's OpenMP team; on a GPU the
         # host gathers are better parallel (disk_stream's module notes).
         disk.serial_threads = device.type != "cuda"
+        disk.last_epoch = None if epochs is None else epochs - 1
 
     @property
     def rows_per_epoch(self) -> int:

@@ -248,6 +248,27 @@ def test_close_while_a_consumer_waits_on_a_load_ends_it_with_a_clear_error(
     assert stream._pool is None and _threads(before) == []
 
 
+def test_nothing_is_read_ahead_past_the_runs_last_epoch(tmp_path: Path) -> None:
+    """The last epoch's loads stop at its own windows: none of an epoch that never runs
+    loads while the run evaluates and exports (the stream's `last_epoch`)."""
+    path = write(tmp_path / "t.parquet", rows(480), 40)
+    counts: dict[int | None, int] = {}
+    for last in (None, 1):
+        load = Loads()
+        stream = _stream(path, 3, load, window=40)
+        stream.configure(step_rows=40, steps_per_epoch=12)  # an epoch: all 12 windows
+        stream.last_epoch = last
+        for epoch in (0, 1):
+            for _ in stream.epoch_chunks(epoch):
+                pass
+        with load.lock:  # give loads read ahead time to start (5 s at most)
+            load.lock.wait_for(lambda done=load: done.started > 24, timeout=0.5 if last else 5)
+        stream.close()
+        counts[last] = load.started
+    assert counts[1] == 24  # the two epochs' windows, nothing more
+    assert counts[None] > 24  # without it, the next epoch's first windows were read ahead
+
+
 def test_depth_and_description() -> None:
     units = [ShardPiece(Path("x.parquet"), "row_groups", (0,), num_rows=10)]
 
