@@ -269,19 +269,22 @@ class DiskShardStream:
         a consumer still reading an epoch (one that outlived its join) gets a clear error
         instead of a new pool that nothing would shut down."""
         with self._lock:
-            if self._closed:
-                raise DataError("stream_from_disk: the stream was closed while an epoch was read")
+            self._check_open()
             if self._pool is None:
                 self._pool = ThreadPoolExecutor(self.depth, thread_name_prefix="reagent-lite-disk")
             return self._pool
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise DataError("stream_from_disk: the stream was closed while an epoch was read")
 
     def _fill(self, epoch: int) -> None:
         """Up to `depth` loads queued: the epoch's windows until their rows (by the
         footers) cover it, then the next epoch's first ones (never further ahead)."""
         while len(self._queue) < self.depth:
             plan = self._plans.get(epoch)
-            if plan is None:  # close() dropped it: `_open_pool` says so
-                self._open_pool()
+            if plan is None:  # dropped by close(), or by a restart of this epoch
+                self._check_open()
                 return
             if plan.rows >= self.rows_per_epoch:
                 if self.last_epoch is not None and epoch >= self.last_epoch:
