@@ -5,7 +5,10 @@ disk stream's producer run as a GPU run drives it, with no training step: the st
 threads parallel (`serial_threads` off, as `DiskStreamed` sets it for CUDA), each chunk
 it yields cut to the step runner's chunk size and copied into one of two preallocated
 staging buffers (pinned when this host has CUDA), as the chunk prefetcher does before its
-host-to-device copy. Its rows/s is the most a GPU run of this table could be fed.
+host-to-device copy. Its rows/s is the most a GPU run of this table could be fed through
+host memory: a GPU run now copies each window whole and shuffles it on the device instead
+(`windows.shuffled_on`), so this measures the host path that CPU runs and
+`device_resident_data: false` keep, not a GPU run's.
 
 Beside it, in the same process, epochs interleaved (on a shared box only ratios within
 one run mean anything), three floors over the same data:

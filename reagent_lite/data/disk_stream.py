@@ -8,51 +8,44 @@ steps per epoch is known, and equal on every rank, before any row is read.
 Each epoch the rank visits its units in an order drawn from (seed, rank, epoch, pass),
 packs consecutive units into windows of at most `window_rows` rows (a single larger row
 group is a window of its own), loads a window through the streaming ingest (same
-validation, tensorization and in-place normalization as the resident path), gathers the
-window's rows in a shuffled order once, in that background thread (`windows.shuffled`:
-gathering each chunk as it was handed out put the gather on every step's path), and
-hands them out in chunks of whole steps — slices of it, no copy — while the next windows
-load. Rows that do not fill a whole step at the end of a window are carried into the next
-one; an epoch that needs more steps than the shard holds starts a fresh pass with a new
-unit order, as `EpochSampler` wraps.
+validation, tensorization and in-place normalization as the resident path; its units in
+parallel, `windows.load_units`), gathers the window's rows in a shuffled order once, in
+that background thread (`windows.shuffled`), and hands them out in chunks of whole steps —
+slices of it, no copy — while the next windows load. A GPU run (`window_device`) copies
+the window to the device whole and gathers it there instead (`windows.shuffled_on`: the
+same rows, bit for bit): the host's gather was most of a window's load, and the chunks are
+then read where they are. Rows that do not fill a whole step at the end of a window are
+carried into the next one; an epoch that needs more steps than the shard holds starts a
+fresh pass with a new unit order, as `EpochSampler` wraps.
 
 Read-ahead (`read_ahead`, the config's `stream_read_ahead`): up to `depth` window loads
 run at once on a pool of that many threads, queued in the order they are handed out — the
 epoch's next windows until their rows by the footers cover it, then the next epoch's first
-ones. One load runs at about 9M rows/s whatever the cores (issue 39). Each window's rows and
-order come from (seed, rank, epoch, window index) alone and windows are handed out in
-order, so the chunks, and the first bad window's error, are the same at every depth. An
-epoch that ends (or is abandoned) cancels its queued loads and waits for its running
-ones; `close` does the same for all and stops the pool. When validation drops rows, an
-epoch may need one window more than the footers promised: it is loaded then.
+ones. Each window's rows and order come from (seed, rank, epoch, window index) alone and
+windows are handed out in order, so the chunks, and the first bad window's error, are the
+same at every depth. An epoch that ends (or is abandoned) cancels its queued loads and
+waits for its running ones; `close` does the same for all and stops the pool. When
+validation drops rows, an epoch may need one window more than the footers promised.
 
-A window's units load in parallel (`data/windows.py`: `load_units`, the ingest engine per
-unit, up to `load_threads()` units at a time); a window of one large row group still loads
-on one thread: windows of many row groups go faster.
-
-Both workflows stream: a window's columns are whatever the kind's loader makes of it
-(`Kind.load_window`: for parametric_dqn candidate tensors [rows, K, G] and masks [rows, K],
-K fixed before training from a keys scan, `scan_units`, or from `max_candidates`, so every
-window has the same column shapes), all indexed by row.
+Both workflows stream (`Kind.load_window`; parametric_dqn's K is fixed before training,
+by `scan_units` or `max_candidates`, so every window has the same column shapes).
 
 The trade-off: shuffling is window-local. A minibatch only mixes rows of the few row groups
 in its window, so row groups that each hold one slice of the data (one day, one episode
 range) give batches less diverse than a full shuffle; smaller row groups and a larger
 window bring it closer to a full shuffle. Peak memory is about `depth` + 2 windows (the
 one being trained on, `depth` loaded or loading, the shuffled copy of one being gathered;
-at worst 2 `depth` + 1, were every load gathering at once), whatever the shard's size;
+at worst 2 `depth` + 1, were every load gathering at once), whatever the shard's size
+(a GPU run's in device memory: its host holds only the windows being loaded);
 loading holds, besides the window's arrays, the Arrow data of the row groups being
 decoded (one per loading thread).
 
-The stream's threads run torch on one OpenMP thread (`one_omp_thread`: a window's row
-order, its load, the carried rows' concatenation) and gather a window on one thread. A
-parallel op there would start a second OpenMP team; with more OpenMP threads than cores,
-libgomp stops spinning between parallel regions in *every* team, the training thread's
-included, and each of a small step's ops waits for its worker to wake up: that made dqn
-streamed from prepared units run at a quarter of resident speed on a quiet 2-core CPU
-(issue 41). A run that trains on a GPU sets `serial_threads` off: its training thread runs
-no OpenMP team to disturb, and a window is gathered on `load_threads()` threads (serial,
-parametric streaming on an H200 host fell from 0.45x to 0.32x of resident).
+The stream's threads run torch on one OpenMP thread (`one_omp_thread`) in a CPU run: a
+second OpenMP team, with more OpenMP threads than cores, makes libgomp stop spinning
+between parallel regions in every team, the training thread's included (streamed dqn ran
+at a quarter of resident speed on a quiet 2-core CPU, issue 41). A GPU run sets
+`serial_threads` off: its training thread runs no OpenMP team to disturb, and the host
+work goes faster on `load_threads()` threads.
 """
 
 from __future__ import annotations
@@ -70,7 +63,14 @@ import torch
 from torch import Tensor
 
 from reagent_lite.data.readers import ShardPiece
-from reagent_lite.data.windows import host_cores, load_threads, one_omp_thread, shuffled
+from reagent_lite.data.windows import (
+    host_cores,
+    load_threads,
+    one_omp_thread,
+    settled,
+    shuffled,
+    shuffled_on,
+)
 from reagent_lite.errors import DataError
 
 if TYPE_CHECKING:
@@ -97,7 +97,7 @@ class _Left:
 
 
 def _cat(a: dict[str, Tensor], b: dict[str, Tensor], serial: bool) -> dict[str, Tensor]:
-    with one_omp_thread(serial):
+    with one_omp_thread(serial), settled(next(iter(a.values())).device):
         return {c: torch.cat([a[c], b[c]]) for c in a}
 
 
@@ -187,6 +187,8 @@ class DiskShardStream:
         # notes). A GPU run trains on the device, and its host gathers go faster on many.
         self.serial_threads = True
         self.last_epoch: int | None = None  # the run's last: nothing is read ahead past it
+        # Where windows are shuffled and kept (None: host memory, for the prefetcher to copy).
+        self.window_device: torch.device | None = None
 
     @property
     def depth(self) -> int:
@@ -212,10 +214,11 @@ class DiskShardStream:
     def describe(self) -> str:
         prepared = "" if self.prepared is None else f" ({self.prepared.describe()})"
         auto = " (auto)" if self.read_ahead == "auto" else ""
+        where = "" if self.window_device is None else f" on {self.window_device}"
         ahead = f"{self.depth} window{'s' if self.depth > 1 else ''} read ahead{auto}"
         return (
             f"streamed from disk: {len(self.units)} row groups{prepared}, {self.num_rows:,} "
-            f"rows, windows of <= {self.window_rows:,} rows shuffled within, {ahead}, "
+            f"rows, windows of <= {self.window_rows:,} rows shuffled within{where}, {ahead}, "
             f"chunks of {self.chunk_rows:,} rows"
         )
 
@@ -249,7 +252,10 @@ class DiskShardStream:
             # Shuffled here, in the background, once: chunks are then slices of it. Gathering
             # each chunk in the chunk prefetcher's thread put the gather on the path of every
             # step (issue 39). Serial threads: one gathering thread, as for the rest.
-            columns = shuffled(columns, order, 1 if self.serial_threads else load_threads())
+            if self.window_device is not None:
+                columns = shuffled_on(columns, order, self.window_device)
+            else:
+                columns = shuffled(columns, order, 1 if self.serial_threads else load_threads())
         with self._lock:
             self.windows_loaded += 1
         return _Window(columns, self.serial_threads)
@@ -383,7 +389,8 @@ class DiskShardStream:
             yield win.rows(pos, pos + rows), rows
             pos += rows
         if left.rows > 0 and pos < n:
-            rest = {k: v.clone() for k, v in win.rows(pos).items()}  # not the whole window
+            with settled(next(iter(win.columns.values())).device):
+                rest = {k: v.clone() for k, v in win.rows(pos).items()}  # not the whole window
             left.carry = rest if left.carry is None else _cat(left.carry, rest, win.serial)
 
     def close(self) -> None:

@@ -215,6 +215,9 @@ class PreparedUnits:
         self.bytes_checked = 0  # units whose bytes were hashed as they were read
         self._lock = threading.Lock()
         self.reused = self.prepared = 0  # units, counted as windows open them
+        # Windows in page-locked memory: set for a stream whose windows go to a GPU, where a
+        # copy from pinned memory runs asynchronously and 10-15% faster end to end (issue 39).
+        self.pin_memory = False
         self.writable = self._make_directory(blob)
 
     def _make_directory(self, blob: str) -> bool:
@@ -316,7 +319,7 @@ class PreparedUnits:
         parts = in_order(lambda i: self._open(units[i]), len(units), self.threads)
         offsets = np.cumsum([0] + [p.rows for p in parts]).tolist()
         window = {
-            name: np.empty((offsets[-1], *shape), dtype)
+            name: self._empty((offsets[-1], *shape), dtype)
             for name, (dtype, shape) in parts[0].layout().items()
         }
 
@@ -326,6 +329,12 @@ class PreparedUnits:
 
         in_order(fill, len(parts), self.threads)
         return {k: torch.from_numpy(v) for k, v in window.items()}
+
+    def _empty(self, shape: tuple[int, ...], dtype: np.dtype[Any]) -> np.ndarray:
+        if not self.pin_memory:
+            return np.empty(shape, dtype)
+        like = torch.from_numpy(np.empty(0, dtype))  # the torch dtype of `dtype`
+        return torch.empty(shape, dtype=like.dtype, pin_memory=True).numpy()
 
 
 def _file_id(path: Path) -> FileId | None:

@@ -59,6 +59,11 @@ def _place(columns: Rows, out: Rows | None) -> Rows:
     return Rows({k: out[k].copy_(v) for k, v in columns.items()})
 
 
+def _as_is(columns: Rows, out: Rows | None) -> Rows:
+    """A chunk already on the training device: no staging copy."""
+    return columns
+
+
 class ChunkPrefetcher:
     """Streams chunks of at most `chunk_rows` rows to `device`, one at a time per stream
     (the pinned buffers are shared). `template` gives the columns' names, dtypes and row
@@ -112,18 +117,22 @@ class ChunkPrefetcher:
         return self._stream(pieces())
 
     def ready(self, chunks: Iterator[Rows]) -> Generator[Rows, None, None]:
-        """The host `chunks`, in order, a chunk longer than `chunk_rows` cut into views of
-        at most that many rows (whole steps, when both sizes are whole steps). `chunks` is
-        advanced, and closed, by the worker."""
+        """The `chunks`, in order, a chunk longer than `chunk_rows` cut into views of at
+        most that many rows (whole steps, when both sizes are whole steps). `chunks` is
+        advanced, and closed, by the worker. Host chunks are copied to the device; chunks
+        already there (a disk stream's device windows, ready on any stream:
+        `windows.settled`) are handed on as they are, and recorded on the reading stream
+        as a copied chunk is."""
 
         def pieces() -> Generator[tuple[int, Fill], None, None]:
             try:
                 for columns in chunks:
                     rows = len(columns)
+                    there = self.cuda and next(columns.values()).device == self.device
                     for start in range(0, rows, self.chunk_rows):
                         n = min(self.chunk_rows, rows - start)
                         part = columns.slice(start, start + n)
-                        yield n, functools.partial(_place, part)
+                        yield n, functools.partial(_as_is if there else _place, part)
                         del part
                     del columns  # not held while the source prepares the next chunk
             finally:

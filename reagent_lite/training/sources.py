@@ -13,10 +13,11 @@ rows where the graph will find them before each replay (`stage()`).
   chunks of whole steps, in epoch order, are gathered by the prefetcher's worker thread
   into pinned buffers and copied to the device on a side stream while the current chunk
   trains (`prefetch.ChunkPrefetcher.gathered`).
-* `DiskStreamed` (`stream_from_disk: true`): `DiskShardStream` yields host chunks (a
-  shuffled window's rows); the same prefetcher cuts them to at most `chunk_rows` rows and,
-  on CUDA, copies them through the same pinned buffers (`ChunkPrefetcher.ready`); on the
-  CPU the chunks are used where they are.
+* `DiskStreamed` (`stream_from_disk: true`): `DiskShardStream` yields chunks (a
+  shuffled window's rows); the same prefetcher cuts them to at most `chunk_rows` rows
+  (`ChunkPrefetcher.ready`). On CUDA the stream's windows are copied to the device whole
+  and shuffled there as they load, so the chunks are device rows, handed on as they are;
+  on the CPU they are host rows, used where they are.
 
 Streamed, an eager step's micro-batches are views of the current chunk, and a graph's
 static buffers hold one chunk, which each chunk is copied into: device memory holds at
@@ -334,6 +335,10 @@ class DiskStreamed(StreamedRows):
         # Serial stream threads protect a CPU training thread's OpenMP team; on a GPU the
         # host gathers are better parallel (disk_stream's module notes).
         disk.serial_threads = device.type != "cuda"
+        # On a GPU the windows are shuffled there and chunks are read in place (no pinned copy).
+        disk.window_device = device if device.type == "cuda" else None
+        if disk.prepared is not None:  # read into pinned memory: the copy there runs async
+            disk.prepared.pin_memory = device.type == "cuda"
         disk.last_epoch = None if epochs is None else epochs - 1
 
     @property
@@ -356,4 +361,6 @@ class DiskStreamed(StreamedRows):
         return self.prefetcher.ready(chunks())
 
     def describe(self) -> str:
+        if self.disk.window_device is not None:
+            return self.disk.describe() + f"; chunks of {self.chunk_rows} rows read in place"
         return self.disk.describe() + self._copies()

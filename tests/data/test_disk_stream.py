@@ -143,6 +143,54 @@ def test_shuffled_is_index_select_of_every_column(threads: int) -> None:
         assert got[k].is_contiguous(), k
 
 
+DEVICES = [
+    pytest.param("cpu"),
+    pytest.param("cuda:0", marks=pytest.mark.gpu),
+]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_shuffled_on_a_device_is_the_host_shuffle_bit_for_bit(device: str) -> None:
+    """A GPU run's windows are copied whole and gathered on the device (issue 39): the same
+    rows as the host's gather, of every dtype, contiguous, where they were asked for."""
+    g = torch.Generator().manual_seed(1)
+    columns = {
+        "x": torch.randn(257, 3, 2, generator=g),
+        "b": torch.rand(257, 4, generator=g) > 0.5,
+        "i": torch.randint(0, 9, (257,), generator=g),
+        "h": torch.randn(257, 2, generator=g).to(torch.bfloat16),
+        "t": torch.randn(2, 257, generator=g).t(),  # not contiguous
+    }
+    order = torch.randperm(257, generator=g)
+    want = disk_stream.shuffled(dict(columns), order, 2)
+    got = disk_stream.shuffled_on(dict(columns), order, torch.device(device))
+    assert list(got) == list(columns)
+    for k in columns:
+        assert got[k].device == torch.device(device), k
+        assert got[k].is_contiguous(), k
+        assert torch.equal(got[k].cpu(), want[k]), k
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_device_windows_give_the_host_windows_chunks(tmp_path: Path, device: str) -> None:
+    """Windows kept on a device (`window_device`) hand out the chunks host windows do, rows
+    carried across windows included (steps of 30 over windows of 80), epoch after epoch;
+    the chunks are on that device."""
+    path = write(tmp_path / "t.parquet", rows(500), 40)
+    runs = {}
+    for where in (None, torch.device(device)):
+        stream = _stream(path, 0, 1, 80, seed=9)
+        stream.window_device = where
+        stream.configure(step_rows=30, steps_per_epoch=9)
+        chunks = [c for e in (0, 1) for c, _ in stream.epoch_chunks(e)]
+        stream.close()
+        assert all(c["reward"].device == (where or torch.device("cpu")) for c in chunks)
+        runs[where] = torch.cat([c["reward"].cpu() for c in chunks])
+    host, dev = runs.values()
+    assert len(host) == 2 * 9 * 30
+    assert torch.equal(host, dev)
+
+
 def test_directory_of_parts_sharded_by_rank(tmp_path: Path) -> None:
     data = rows(600)
     table = pa.Table.from_pylist(

@@ -161,6 +161,20 @@ def test_units_prepared_once_then_reused_settings_make_another_directory(
     assert (other.prepared, len(calls)) == (4, 8)
 
 
+@pytest.mark.gpu
+def test_windows_for_a_gpu_are_read_into_pinned_memory(tmp_path: Path) -> None:
+    """`pin_memory` (set for a stream whose windows go to a GPU): the same rows, in
+    page-locked memory, so the copy to the device runs asynchronously (issue 39)."""
+    path = write(tmp_path / "t.parquet", rows(300), 40)
+    window = stream_units(str(path), 0, 1)[1:5]
+    cache = PreparedUnits(tmp_path / "cache", {}, lambda u: _rewards([u]), threads=2)
+    plain = cache.load(window)["reward"]
+    cache.pin_memory = True
+    pinned = cache.load(window)["reward"]
+    assert pinned.is_pinned() and not plain.is_pinned()
+    assert torch.equal(pinned, plain) and torch.equal(plain, _rewards(window)["reward"])
+
+
 def test_headers_and_bytes_checked_once_per_run_again_when_the_file_changes(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -182,8 +182,11 @@ def test_cuda_prefetched_chunks_graph_and_eager_agree(
         assert not _prefetch_workers()
     for name in ("eager", "graph"):
         runner = runs[name].step_runner()
-        assert runner.source.chunk_rows == 64 and "pinned" in runner.describe()
-        assert runner.source.disk.serial_threads is False  # host gathers on every core
+        assert runner.source.chunk_rows == 64 and "read in place" in runner.describe()
+        assert runner.source.disk.serial_threads is False  # host loads on every core
+        # Windows copied whole and shuffled on the GPU: the same rows as the CPU's below.
+        assert runner.source.disk.window_device == torch.device("cuda:0")
+        assert runner.source.disk.prepared.pin_memory is True  # read into pinned memory
         records = [
             json.loads(x) for x in (tmp_path / name / "metrics.jsonl").read_text().splitlines()
         ]

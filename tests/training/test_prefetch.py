@@ -211,3 +211,20 @@ def test_cuda_chunks_match_the_host_rows() -> None:
     got = torch.cat([c["reward"] for c in chunks]).cpu()
     torch.testing.assert_close(got, host["reward"][order])
     assert not _workers()
+
+
+@pytest.mark.gpu
+def test_cuda_chunks_already_on_the_device_are_handed_on_without_a_copy() -> None:
+    """A disk stream's device windows (issue 39): chunks cut to `chunk_rows` as views of
+    them, no pinned staging, the reading stream recorded on them."""
+    cuda = torch.device("cuda:0")
+    pf = ChunkPrefetcher(_columns(1), cuda, 64)
+    windows = [_columns(n, start).to(cuda) for n, start in [(96, 0), (160, 96)]]
+    chunks = list(pf.ready(iter(windows)))
+    assert [len(c) for c in chunks] == [64, 32, 64, 64, 32]
+    starts = [(0, 0), (0, 64), (1, 0), (1, 64), (1, 128)]
+    for chunk, (w, row) in zip(chunks, starts, strict=True):  # views of the windows
+        assert chunk["state"].data_ptr() == windows[w]["state"][row:].data_ptr()
+    got = torch.cat([c["state"] for c in chunks]).cpu()
+    torch.testing.assert_close(got, _columns(256)["state"])
+    assert not _workers()
