@@ -71,6 +71,35 @@ def test_arrays_read_back_memory_mapped(tmp_path: Path) -> None:
     assert [p.name for p in tmp_path.iterdir()] == ["u.prep"]  # no temporary file left
 
 
+def test_a_unit_is_read_in_one_call_gaps_and_all(tmp_path: Path) -> None:
+    """`read_into` reads a unit's columns with one `preadv` (issue 39: one wait for the
+    interpreter lock per unit): the same arrays as column by column, across the alignment
+    gaps, whatever the order of the header's columns; overlapping columns fall back."""
+    arrays = {k: v.astype(v.dtype.newbyteorder("<")) for k, v in _arrays().items()}
+    path = tmp_path / "u.prep"
+    write_arrays(path, "k1", arrays)
+    found = prepared_format.read_header(path, "k1")
+    assert found is not None
+    columns, start = found
+    ends = [c["at"] + arrays[c["name"]].nbytes for c in columns]
+    assert any(c["at"] > end for c, end in zip(columns[1:], ends, strict=False))  # gaps
+    for order in (columns, columns[::-1]):
+        out = {k: np.full_like(v, 7) for k, v in arrays.items()}
+        with path.open("rb", buffering=0) as f:
+            assert prepared_format._read_at_once(f.fileno(), order, start, out)
+        for k, v in arrays.items():
+            np.testing.assert_array_equal(out[k], v)
+        out = {k: np.zeros_like(v) for k, v in arrays.items()}
+        ident, hashed = prepared_format.read_into(path, order, start, out)
+        assert ident is not None and hashed
+        for k, v in arrays.items():
+            np.testing.assert_array_equal(out[k], v)
+    overlap = [dict(columns[0]), {**columns[1], "at": columns[0]["at"]}]
+    out = {k: np.zeros_like(v) for k, v in arrays.items()}
+    with path.open("rb", buffering=0) as f:
+        assert not prepared_format._read_at_once(f.fileno(), overlap, start, out)
+
+
 @pytest.mark.parametrize("cut", [0, 5, 100, -1])
 def test_a_file_cut_short_or_garbled_never_reads_as_valid(tmp_path: Path, cut: int) -> None:
     write_arrays(tmp_path / "u.prep", "k", _arrays())
