@@ -682,15 +682,15 @@ class BaseWorkflowConfig(_Model):
         ge=1,
         le=MAX_COUNT,
         description="With stream_from_disk: rows per window (whole row groups are packed up "
-        "to this; a larger row group is a window alone). Host memory (on a GPU: device "
-        "memory) is at most about stream_read_ahead + 2 windows of training tensors; larger "
-        "windows shuffle more globally.",
+        "to this; a larger row group is a window alone). Memory is at most about "
+        "stream_read_ahead + 2 windows of training tensors: host memory, or on a GPU device "
+        "memory where they fit in half of it (the host then holds only the windows being "
+        "loaded); larger windows shuffle more globally.",
     )
     stream_read_ahead: ReadAhead = Field(
         default="auto",
         description="With stream_from_disk: window loads kept in flight ahead of the window "
-        "being trained on (each adds about one window to host memory, on a GPU to device "
-        "memory: about "
+        "being trained on (each adds about one window to memory: about "
         'stream_read_ahead + 2 windows in all). "auto": 1 when training on the CPU (the '
         "loaders would take its cores); on a GPU one load per 4 of the rank's cores (the host's, within its CPU mask "
         "and cgroup quota, shared among the node's ranks; each "

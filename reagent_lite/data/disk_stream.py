@@ -1,9 +1,8 @@
 """Training data streamed from disk by Parquet row groups (`stream_from_disk: true`).
 
-For a shard larger than host memory: a rank never holds its whole shard. Its rows are split
-into units — one Parquet row group each (a row-range piece, when there are fewer row groups
-than ranks, is one unit) — whose row counts come from the Parquet footers, so the number of
-steps per epoch is known, and equal on every rank, before any row is read.
+A rank never holds its whole shard. Its rows are split into units — one Parquet row group
+each (a row-range piece, when there are fewer row groups than ranks, is one unit) — whose
+row counts, from the footers, fix the steps per epoch on every rank before a row is read.
 
 Each epoch the rank visits its units in an order drawn from (seed, rank, epoch, pass),
 packs consecutive units into windows of at most `window_rows` rows (a single larger row
@@ -30,22 +29,18 @@ validation drops rows, an epoch may need one window more than the footers promis
 Both workflows stream (`Kind.load_window`; parametric_dqn's K is fixed before training,
 by `scan_units` or `max_candidates`, so every window has the same column shapes).
 
-The trade-off: shuffling is window-local. A minibatch only mixes rows of the few row groups
-in its window, so row groups that each hold one slice of the data (one day, one episode
-range) give batches less diverse than a full shuffle; smaller row groups and a larger
-window bring it closer to a full shuffle. Peak memory is about `depth` + 2 windows (the
-one being trained on, `depth` loaded or loading, the shuffled copy of one being gathered;
-at worst 2 `depth` + 1, were every load gathering at once), whatever the shard's size
-(a GPU run's in device memory: its host holds only the windows being loaded);
-loading holds, besides the window's arrays, the Arrow data of the row groups being
-decoded (one per loading thread).
+The trade-off: shuffling is window-local: a minibatch mixes only rows of the row groups
+in its window (smaller row groups and a larger window bring it closer to a full shuffle).
+Memory is about `depth` + 2 windows whatever the shard's size (the one trained on, `depth`
+loaded or loading, a shuffled copy being made; at worst 2 `depth` + 1), plus the Arrow
+data of the row groups being decoded. A GPU run holds them in device memory (`DiskStreamed`
+falls back to host windows where they would not fit) and its host only the windows being
+loaded (prepared ones in page-locked memory, which torch caches for reuse).
 
 The stream's threads run torch on one OpenMP thread (`one_omp_thread`) in a CPU run: a
-second OpenMP team, with more OpenMP threads than cores, makes libgomp stop spinning
-between parallel regions in every team, the training thread's included (streamed dqn ran
-at a quarter of resident speed on a quiet 2-core CPU, issue 41). A GPU run sets
-`serial_threads` off: its training thread runs no OpenMP team to disturb, and the host
-work goes faster on `load_threads()` threads.
+second OpenMP team makes libgomp stop spinning in every team, the training thread's
+included (streamed dqn ran at a quarter of resident speed on 2 cores, issue 41). A GPU run
+sets `serial_threads` off: its host work goes faster on `load_threads()` threads.
 """
 
 from __future__ import annotations
@@ -96,8 +91,8 @@ class _Left:
         return 0 if self.carry is None else int(next(iter(self.carry.values())).shape[0])
 
 
-def _cat(a: dict[str, Tensor], b: dict[str, Tensor], serial: bool) -> dict[str, Tensor]:
-    with one_omp_thread(serial), settled(next(iter(a.values())).device):
+def _cat(a: dict[str, Tensor], b: dict[str, Tensor], win: _Window) -> dict[str, Tensor]:
+    with one_omp_thread(win.serial), settled(next(iter(a.values())).device, win.stream):
         return {c: torch.cat([a[c], b[c]]) for c in a}
 
 
@@ -105,6 +100,7 @@ def _cat(a: dict[str, Tensor], b: dict[str, Tensor], serial: bool) -> dict[str, 
 class _Window:
     columns: dict[str, Tensor]  # its rows, already in their shuffled order (`shuffled`)
     serial: bool = True  # its concatenations on one OpenMP thread (`one_omp_thread`)
+    stream: torch.cuda.Stream | None = None  # on a GPU, the stream its copies run on
 
     @property
     def num_rows(self) -> int:
@@ -189,6 +185,7 @@ class DiskShardStream:
         self.last_epoch: int | None = None  # the run's last: nothing is read ahead past it
         # Where windows are shuffled and kept (None: host memory, for the prefetcher to copy).
         self.window_device: torch.device | None = None
+        self._side: torch.cuda.Stream | None = None  # their copies' stream (`settled`)
 
     @property
     def depth(self) -> int:
@@ -253,12 +250,20 @@ class DiskShardStream:
             # each chunk in the chunk prefetcher's thread put the gather on the path of every
             # step (issue 39). Serial threads: one gathering thread, as for the rest.
             if self.window_device is not None:
-                columns = shuffled_on(columns, order, self.window_device)
+                columns = shuffled_on(columns, order, self.window_device, self._side_stream())
             else:
                 columns = shuffled(columns, order, 1 if self.serial_threads else load_threads())
         with self._lock:
             self.windows_loaded += 1
-        return _Window(columns, self.serial_threads)
+        return _Window(columns, self.serial_threads, self._side)
+
+    def _side_stream(self) -> torch.cuda.Stream | None:
+        dev = self.window_device
+        with self._lock:
+            if self._side is None and dev is not None and dev.type == "cuda":
+                # High priority: its few small kernels go ahead of the step's queued ones.
+                self._side = torch.cuda.Stream(dev, priority=-1)
+            return self._side
 
     def _submit(self, plan: _Plan) -> _Queued:
         """Starts loading `plan`'s next window (the pool runs loads in submission order)."""
@@ -377,7 +382,7 @@ class DiskShardStream:
         if left.carry is not None:
             have = left.carried
             take = min(step - have, n)
-            left.carry = _cat(left.carry, win.rows(0, take), win.serial)
+            left.carry = _cat(left.carry, win.rows(0, take), win)
             pos = take
             if have + take == step:
                 chunk, left.carry = left.carry, None
@@ -389,9 +394,9 @@ class DiskShardStream:
             yield win.rows(pos, pos + rows), rows
             pos += rows
         if left.rows > 0 and pos < n:
-            with settled(next(iter(win.columns.values())).device):
+            with settled(next(iter(win.columns.values())).device, win.stream):
                 rest = {k: v.clone() for k, v in win.rows(pos).items()}  # not the whole window
-            left.carry = rest if left.carry is None else _cat(left.carry, rest, win.serial)
+            left.carry = rest if left.carry is None else _cat(left.carry, rest, win)
 
     def close(self) -> None:
         """Cancels the loads read ahead and waits for the running ones: no stream thread

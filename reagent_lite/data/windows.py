@@ -29,6 +29,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import torch
 from torch import Tensor
+from torch.cuda import Stream
 
 from reagent_lite.data.arrow import is_list, used_keys
 from reagent_lite.data.ingest import Layout, feed, piece_batches
@@ -261,31 +262,37 @@ def shuffled(columns: dict[str, Tensor], order: Tensor, threads: int) -> dict[st
 
 
 def shuffled_on(
-    columns: dict[str, Tensor], order: Tensor, device: torch.device
+    columns: dict[str, Tensor], order: Tensor, device: torch.device, stream: Stream | None = None
 ) -> dict[str, Tensor]:
     """`columns`' rows in `order`, on `device`: each column copied there whole, in one
     contiguous copy, and gathered there — the same rows as `shuffled`, bit for bit. On a
     GPU the gather takes microseconds where the host's took most of a window's load
-    (issue 39)."""
-    with settled(device):
+    (issue 39). `stream`: see `settled`."""
+    with settled(device, stream):
         idx = order.to(device, non_blocking=True)
         return {k: v.to(device, non_blocking=True).index_select(0, idx) for k, v in columns.items()}
 
 
 @contextlib.contextmanager
-def settled(device: torch.device) -> Iterator[None]:
-    """On CUDA, the work inside runs on a stream of its own, waited for on leaving: what it
-    made is then ready for any stream, and the host tensors it read may be freed (a reader
-    on another stream must still `record_stream` what it reads, so that the allocator does
-    not hand the memory back early). Elsewhere, nothing."""
+def settled(device: torch.device, stream: Stream | None = None) -> Iterator[None]:
+    """On CUDA, the work inside runs on `stream` (one side stream per disk stream: the
+    allocator reuses freed memory only on the stream that allocated it, so a fresh stream
+    per window would keep freed windows cached apart) and is waited for on leaving: what
+    it made is then ready for any stream, and the host tensors it read may be freed (a
+    reader on another stream must still `record_stream` what it reads, so that the
+    allocator does not hand the memory back early). Elsewhere, nothing."""
     if device.type != "cuda":
         yield
         return
     with torch.cuda.device(device):
-        stream = torch.cuda.Stream(device)
-        with torch.cuda.stream(stream):
-            yield
-        stream.synchronize()
+        side = stream if stream is not None else torch.cuda.Stream(device)
+        done = torch.cuda.Event()
+        try:
+            with torch.cuda.stream(side):
+                yield
+        finally:  # waited for even when the work failed: nothing left in flight
+            done.record(side)
+            done.synchronize()  # this work only, not other threads' on the same stream
 
 
 # ----------------------------------------------------------------------------- assembly

@@ -45,6 +45,7 @@ from reagent_lite.data.rows import LazyBatch as LazyBatch
 from reagent_lite.data.rows import RowPack, Rows
 from reagent_lite.data.sampler import EpochSampler
 from reagent_lite.kinds.base import EVAL_ONLY_FIELDS
+from reagent_lite.training.budget import available_bytes
 from reagent_lite.training.prefetch import ChunkPrefetcher
 
 
@@ -335,10 +336,14 @@ class DiskStreamed(StreamedRows):
         # Serial stream threads protect a CPU training thread's OpenMP team; on a GPU the
         # host gathers are better parallel (disk_stream's module notes).
         disk.serial_threads = device.type != "cuda"
-        # On a GPU the windows are shuffled there and chunks are read in place (no pinned copy).
-        disk.window_device = device if device.type == "cuda" else None
-        if disk.prepared is not None:  # read into pinned memory: the copy there runs async
-            disk.prepared.pin_memory = device.type == "cuda"
+        # On a GPU the windows are shuffled there and chunks read in place (no pinned copy),
+        # where they fit; prepared windows are then read into pinned memory (async copies).
+        on_device = device.type == "cuda" and windows_fit(
+            template, disk.window_rows, disk.depth, available_bytes(device)
+        )
+        disk.window_device = device if on_device else None
+        if disk.prepared is not None:
+            disk.prepared.pin_memory = on_device
         disk.last_epoch = None if epochs is None else epochs - 1
 
     @property
@@ -364,3 +369,11 @@ class DiskStreamed(StreamedRows):
         if self.disk.window_device is not None:
             return self.disk.describe() + f"; chunks of {self.chunk_rows} rows read in place"
         return self.disk.describe() + self._copies()
+
+
+def windows_fit(template: Rows, window_rows: int, depth: int, free: int | None) -> bool:
+    """Whether a disk stream's windows (`depth` + 2 of `window_rows` rows of `template`'s
+    columns: `disk_stream`'s module notes) fit in half of `free` device memory, the other
+    half left to the step; unknown free memory: no."""
+    row = sum(t.element_size() * (t[0].numel() if len(t) else 0) for t in template.values())
+    return free is not None and (depth + 2) * window_rows * row <= free // 2

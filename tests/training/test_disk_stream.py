@@ -156,6 +156,18 @@ def test_error_in_training_mid_epoch_stops_the_chunk_worker(
 
 
 @pytest.mark.gpu
+def test_cuda_windows_too_large_for_the_device_stay_in_host_memory(tmp_path: Path) -> None:
+    """Windows that would take more than half the GPU's free memory (`windows_fit`) are
+    kept on the host and copied chunk by chunk through pinned buffers, as before issue 39."""
+    data = write(tmp_path / "t.parquet", rows(300), 64)
+    cfg = _cfg(data, tmp_path / "out", use_gpu=True, stream_window_rows=10**10)
+    runner = _run(cfg, "cuda:0").step_runner()
+    assert runner.source.disk.window_device is None
+    assert runner.source.disk.prepared.pin_memory is False
+    assert "pinned" in runner.describe()
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("kind", ["dqn", "parametric_dqn"])
 def test_cuda_prefetched_chunks_graph_and_eager_agree(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, kind: str

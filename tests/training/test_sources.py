@@ -28,6 +28,7 @@ from reagent_lite.training.sources import (
     LazyBatch,
     ResidentRows,
     training_columns,
+    windows_fit,
 )
 from reagent_lite.training.steps import DEFAULT_CHUNK_ROWS, build_step_runner
 from reagent_lite.training.update import Update
@@ -256,3 +257,14 @@ def _disk_stream(path: Path, step_rows: int, steps: int) -> DiskShardStream:
     stream = DiskShardStream(stream_units(str(path), 0, 1), load, window_rows=32, seed=0, rank=0)
     stream.configure(step_rows=step_rows, steps_per_epoch=steps)
     return stream
+
+
+def test_disk_windows_go_to_the_gpu_only_where_they_fit() -> None:
+    """A GPU run's disk windows live on the device (issue 39) only while `depth` + 2 of them
+    take at most half its free memory; otherwise they stay in host memory, as before."""
+    template = Rows({"state": torch.zeros(3, 4), "action": torch.zeros(3, dtype=torch.int64)})
+    row = 4 * 4 + 8  # bytes
+    need = (3 + 2) * 1000 * row
+    assert windows_fit(template, 1000, 3, 2 * need)
+    assert not windows_fit(template, 1000, 3, 2 * need - 1)
+    assert not windows_fit(template, 1000, 3, None)  # free memory unknown
