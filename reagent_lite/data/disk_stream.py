@@ -261,8 +261,7 @@ class DiskShardStream:
         dev = self.window_device
         with self._lock:
             if self._side is None and dev is not None and dev.type == "cuda":
-                # High priority: its few small kernels go ahead of the step's queued ones.
-                self._side = torch.cuda.Stream(dev, priority=-1)
+                self._side = torch.cuda.Stream(dev)
             return self._side
 
     def _submit(self, plan: _Plan) -> _Queued:
