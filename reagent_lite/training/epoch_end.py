@@ -92,15 +92,25 @@ def end_epoch(
     assert run.metrics is not None
     run.metrics.write(record)
     log.info(
-        "epoch %d: loss %.5f, %.0f transitions/s%s",
+        "epoch %d: loss %.5f, %.0f transitions/s%s%s",
         epoch + 1,
         loss,
         record["transitions_per_s"],
+        _waiting(record, elapsed),
         f", eval TD {record['eval_td_loss']:.5f}" if "eval_td_loss" in record else "",
     )
     if cfg.checkpoint_every_epochs and (epoch + 1) % cfg.checkpoint_every_epochs == 0:
         ckpt.save_checkpoint(run.output_dir, run.run_id, epoch, checkpoint_state(run, after, epoch))
     return after
+
+
+def _waiting(record: EpochRecord, elapsed: float) -> str:
+    """ ", N% of it waiting for data" where the step waited for streamed rows more than a
+    twentieth of the epoch: the data, not the step, set its pace."""
+    wait = record.get("data_wait_s")
+    if wait is None or elapsed <= 0 or wait <= 0.05 * elapsed:
+        return ""
+    return f", {min(100.0, 100 * wait / elapsed):.0f}% of it waiting for data"
 
 
 def evaluate(run: Run, epoch: int) -> EpochRecord:

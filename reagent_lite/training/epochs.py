@@ -20,7 +20,7 @@ from reagent_lite.training import resuming
 from reagent_lite.training.epoch_end import as_float, end_epoch
 from reagent_lite.training.preemption import StopPoints
 from reagent_lite.training.run import Run
-from reagent_lite.training.state import TrainState
+from reagent_lite.training.state import EpochRecord, TrainState
 from reagent_lite.training.steps import StepRunner
 from reagent_lite.training.verify import check_replicas, replica_digest, verify_every
 
@@ -85,13 +85,24 @@ def train_epochs(
             global_step=global_step,
             loss_sum=runner.loss_sum,
             elapsed=elapsed,
-            # This process's first epoch record names the plan, final after a full epoch.
-            extra=None if described else {"step_plan": runner.plan()},
+            extra=_extra(runner, described),
         )
         described = True
     replicas.finish(state.global_step)
     ctx.barrier()
     return state
+
+
+def _extra(runner: StepRunner, described: bool) -> EpochRecord:
+    """The epoch record's fields from the step runner: the seconds this rank's training
+    thread waited for streamed rows (`data_wait_s`), and in this process's first epoch
+    record the step plan (final after a full epoch)."""
+    extra: EpochRecord = {}
+    if runner.source.waited is not None:
+        extra["data_wait_s"] = runner.source.waited
+    if not described:
+        extra["step_plan"] = runner.plan()
+    return extra
 
 
 class ReplicaChecks:

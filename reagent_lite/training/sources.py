@@ -34,6 +34,7 @@ depend on the epoch alone.
 
 from __future__ import annotations
 
+import time
 from abc import ABC, abstractmethod
 from collections.abc import Generator, Iterator
 
@@ -90,6 +91,9 @@ class BatchSource(ABC):
         self.batch = batch
         self.step_rows = minibatches * batch
         self.static_rows: StaticRows | None = None
+        # Seconds the training thread waited for rows since the epoch began: None for a
+        # source that never waits (its rows are already where the step reads them).
+        self.waited: float | None = None
 
     @abstractmethod
     def begin_epoch(self, epoch: int) -> None:
@@ -197,6 +201,7 @@ class StreamedRows(BatchSource):
         self._start = 0  # its next step's first row
         self._epoch = -1  # the epoch being trained
         self._epoch_rows_left = 0  # its rows not yet handed to a step
+        self.waited = 0.0
 
     @property
     @abstractmethod
@@ -220,11 +225,16 @@ class StreamedRows(BatchSource):
             self._chunks = self._stream(self._epochs_from(epoch))
             self._steps_left = 0
         self._epoch, self._epoch_rows_left = epoch, self.rows_per_epoch
+        self.waited = 0.0
 
     def _next_chunk(self) -> Rows:
         assert self._chunks is not None
         self._chunk = _NO_ROWS  # done with it: the prefetcher may stage the chunk after the next
+        start = time.perf_counter()
         chunk = next(self._chunks)
+        # What the epoch record reports as `data_wait_s` (on CUDA the device may still have
+        # had queued steps to run meanwhile: an upper bound on its idle time).
+        self.waited = (self.waited or 0.0) + time.perf_counter() - start
         self._steps_left, self._start = len(chunk) // self.step_rows, 0
         return chunk
 

@@ -95,6 +95,11 @@ def test_trains_to_completion_reading_windows(tmp_path: Path, layout: str) -> No
     epochs = [r for r in records if "transitions_per_s" in r]
     assert [r["steps"] for r in epochs] == [wf.steps_per_epoch, 2 * wf.steps_per_epoch]
     assert all(math.isfinite(r["loss"]) for r in epochs)
+    # Seconds the step waited for windows: recorded per epoch (at least the first window's
+    # load, which nothing was read ahead for), within the epoch's time.
+    assert all(
+        0 < r["data_wait_s"] < r["steps_timed"] * 32 / r["transitions_per_s"] + 1e-6 for r in epochs
+    )
 
 
 def test_reproducible(tmp_path: Path) -> None:

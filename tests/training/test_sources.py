@@ -268,3 +268,35 @@ def test_disk_windows_go_to_the_gpu_only_where_they_fit() -> None:
     assert windows_fit(template, 1000, 3, 2 * need)
     assert not windows_fit(template, 1000, 3, 2 * need - 1)
     assert not windows_fit(template, 1000, 3, None)  # free memory unknown
+
+
+def test_streamed_sources_count_the_seconds_the_step_waits_for_rows(tmp_path: Path) -> None:
+    """`waited` (the epoch record's `data_wait_s`): a disk stream whose windows take 0.3 s
+    each to load makes the step wait for about that per window, counted from the epoch's
+    start; a resident source never waits and reports nothing."""
+    path = write(tmp_path / "t.parquet", rows(60), 16)
+    steps = 4  # 4 steps of 8 rows: windows of 32 rows (two row groups), 1 window each 4 steps
+
+    def slow(units: Sequence[ShardPiece]) -> dict[str, Tensor]:
+        time.sleep(0.3)
+        return {"reward": torch.from_numpy(load_window(units).fields["reward"])}
+
+    stream = DiskShardStream(stream_units(str(path), 0, 1), slow, window_rows=32, seed=0, rank=0)
+    stream.configure(step_rows=MPS * BATCH, steps_per_epoch=steps)
+    source = DiskStreamed(stream, Rows({"reward": torch.zeros(1)}), CPU, 32, MPS, BATCH, epochs=2)
+    try:
+        for epoch in (0, 1):
+            source.begin_epoch(epoch)
+            assert source.waited == 0.0
+            for _ in range(steps):
+                source.batches()
+            # The epoch's one window: loaded while the step waited (read ahead for epoch 1
+            # while epoch 0 trained, but epoch 0's few steps take far less than 0.3 s).
+            assert source.waited is not None and 0.2 < source.waited < 5, source.waited
+    finally:
+        source.close()
+    data = _data()
+    resident = ResidentRows(training_columns(data), data.pack, _sampler(steps), steps, MPS, BATCH)
+    resident.begin_epoch(0)
+    resident.batches()
+    assert resident.waited is None
