@@ -125,7 +125,7 @@ def _training(epochs: list[dict[str, Any]], config: dict[str, Any], wall_s: floa
     per_step = int(training.get("minibatch_size") or 0) * int(
         training.get("minibatches_per_step") or 1
     )
-    seconds = transitions = 0.0
+    seconds = transitions = waited = 0.0
     for r in epochs:
         # As the epoch's record counts them: the timed steps of every rank, over the
         # slowest rank's time.
@@ -134,10 +134,13 @@ def _training(epochs: list[dict[str, Any]], config: dict[str, Any], wall_s: floa
         if n and rate > 0:
             transitions += n
             seconds += n / rate
+            waited += float(r.get("data_wait_s") or 0.0)
     steps = int(epochs[-1]["steps"]) if epochs else 0
     text = f"training:  {len(epochs)} epoch(s), {steps:,} optimizer steps"
     if seconds > 0:
         text += f" in {_duration(seconds)}, {transitions / seconds:,.0f} transitions/s"
+        if waited > 0.05 * seconds:  # the data set the pace: say so where the user reads
+            text += f" ({min(100.0, 100 * waited / seconds):.0f}% of it waiting for data)"
     if wall_s is not None:
         text += f"; whole run {_duration(wall_s)}"
     return text

@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
+import pytest
 
 from reagent_lite.run_summary import MAX_WIDTH, summary_lines
 from tests.conftest import REPO_ROOT, run_module
@@ -217,3 +218,18 @@ def test_coverage_is_agreement_with_the_logger_and_picks_it_never_took() -> None
     # is never logged, and the policy puts the third row's pick there.
     got = coverage(probs, np.array([0, 0, 1, -1]))
     assert got == {"logged_action_agreement": 0.25, "unlogged_pick_fraction": 0.25}
+
+
+@pytest.mark.parametrize(("wait", "said"), [(0.06, " (60% of it waiting for data)"), (0.004, "")])
+def test_training_line_says_when_the_data_set_the_pace(
+    tmp_path: Path, wait: float, said: str
+) -> None:
+    """Epochs of 0.1 s whose step waited `wait` s for streamed rows (`data_wait_s`): named
+    when over 5% of the training time."""
+    run = _run_dir(tmp_path, {})
+    records = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    text = "".join(json.dumps({**r, "data_wait_s": wait}) + "\n" for r in records)
+    (run / "metrics.jsonl").write_text(text)
+    assert _line(summary_lines(run), "training:") == (
+        "training:  2 epoch(s), 20 optimizer steps in 0.2 s, 6,400 transitions/s" + said
+    )
