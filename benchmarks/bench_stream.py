@@ -311,11 +311,12 @@ def child(args: argparse.Namespace) -> None:
     setup_s = time.perf_counter() - t0
     after_setup = _rss_mib()
     runner = wf.step_runner()
-    rates, cpu_rates = [], []
+    rates, cpu_rates, waits = [], [], []
     for epoch in range(args.epochs):
         rate, per_cpu = _epoch(wf, runner, epoch)
         rates.append(rate)
         cpu_rates.append(per_cpu)
+        waits.append(runner.source.waited)
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     prepared = wf.disk.prepared if wf.disk is not None else None
     out = {
@@ -330,6 +331,10 @@ def child(args: argparse.Namespace) -> None:
         "peak_rss_mib": peak,
         "peak_over_base_mib": peak - base,
         "windows_loaded": wf.disk.windows_loaded if wf.disk is not None else None,
+        # Seconds the step waited for rows per epoch (`data_wait_s`), and where the window
+        # loads' time went (`DiskShardStream.stage_s`): where a streamed run loses time.
+        "data_wait_s": statistics.median(waits[1:] or waits) if waits[0] is not None else None,
+        "stage_s": dict(wf.disk.stage_s) if wf.disk is not None else None,
         "data": runner.describe(),
     }
     wf.cleanup()
@@ -546,9 +551,15 @@ def _units_rows(
 
 
 def _units(r: dict[str, Any]) -> str:
-    if r["units_prepared"] is None:
-        return ""
-    return f" (row groups prepared {r['units_prepared']}, read back {r['units_reused']})"
+    text = ""
+    if r.get("data_wait_s") is not None:
+        text += f" (step waited {r['data_wait_s']:.3f} s an epoch for rows)"
+    if r.get("stage_s") is not None:
+        spent = ", ".join(f"{k} {v:.2f}" for k, v in r["stage_s"].items())
+        text += f" (window loads, s: {spent}; {r['windows_loaded']} windows)"
+    if r["units_prepared"] is not None:
+        text += f" (row groups prepared {r['units_prepared']}, read back {r['units_reused']})"
+    return text
 
 
 if __name__ == "__main__":

@@ -158,11 +158,8 @@ def host_only(args: argparse.Namespace, workflow: Callable[..., Any]) -> dict[st
     spent: dict[str, float] = {}
     disk.load = _timed(spent, "load", disk.load)
     disk._load = _timed(spent, "window", disk._load)  # type: ignore[method-assign]
-    # The window's rows gathered in shuffled order: as it loads (`shuffled`, inside `load`)
-    # or, before that, chunk by chunk in the prefetcher's thread (`_Window.gather`).
-    for owner, name in ((disk_stream, "shuffled"), (disk_stream._Window, "gather")):
-        if hasattr(owner, name):
-            setattr(owner, name, _timed(spent, "gather", getattr(owner, name)))
+    # The window's rows gathered in shuffled order as it loads (`shuffled`, inside `_load`).
+    disk_stream.shuffled = _timed(spent, "gather", disk_stream.shuffled)
     chunk = max(1, DEFAULT_CHUNK_ROWS // step_rows) * step_rows
     chunk = min(chunk, disk.chunk_rows)
     first = disk.load(disk.units[: max(1, disk.window_rows // (disk.units[0].num_rows or 1))])

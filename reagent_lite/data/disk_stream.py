@@ -47,6 +47,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
+import time
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -58,11 +59,11 @@ import torch
 from torch import Tensor
 
 from reagent_lite.data.readers import ShardPiece
+from reagent_lite.data.window_cut import Left, Window
 from reagent_lite.data.windows import (
     host_cores,
     load_threads,
     one_omp_thread,
-    settled,
     shuffled,
     shuffled_on,
 )
@@ -76,39 +77,6 @@ def _rng(seed: int, rank: int, epoch: int, what: int, index: int) -> np.random.G
     """Seeded by (seed, rank, epoch) and `what` (0: unit order of pass `index`, 1: row
     order of window `index`)."""
     return np.random.default_rng([seed & 0xFFFFFFFF, seed >> 32, rank, epoch, what, index])
-
-
-@dataclass
-class _Left:
-    """What an epoch still needs: `rows`, and the rows carried from the last window (less
-    than one step) that the next chunk starts with."""
-
-    rows: int
-    carry: dict[str, Tensor] | None = None
-
-    @property
-    def carried(self) -> int:
-        return 0 if self.carry is None else int(next(iter(self.carry.values())).shape[0])
-
-
-def _cat(a: dict[str, Tensor], b: dict[str, Tensor], win: _Window) -> dict[str, Tensor]:
-    with one_omp_thread(win.serial), settled(next(iter(a.values())).device, win.stream):
-        return {c: torch.cat([a[c], b[c]]) for c in a}
-
-
-@dataclass
-class _Window:
-    columns: dict[str, Tensor]  # its rows, already in their shuffled order (`shuffled`)
-    serial: bool = True  # its concatenations on one OpenMP thread (`one_omp_thread`)
-    stream: torch.cuda.Stream | None = None  # on a GPU, the stream its copies run on
-
-    @property
-    def num_rows(self) -> int:
-        return int(next(iter(self.columns.values())).shape[0]) if self.columns else 0
-
-    def rows(self, lo: int, hi: int | None = None) -> dict[str, Tensor]:
-        """Its rows lo..hi: views, no copy (the window is never written after loading)."""
-        return {k: v[lo:hi] for k, v in self.columns.items()}
 
 
 @dataclass
@@ -128,7 +96,7 @@ class _Plan:
 class _Queued:
     epoch: int
     rows: int  # by the footers
-    load: Future[_Window]
+    load: Future[Window]
 
 
 class DiskShardStream:
@@ -173,6 +141,9 @@ class DiskShardStream:
         # Made on the first epoch: its size is `depth`, which `serial_threads` decides.
         self._pool: ThreadPoolExecutor | None = None
         self.windows_loaded = 0
+        # Seconds the window loads spent reading, drawing their row order and shuffling
+        # (on a GPU: copying there and gathering), summed over loads that may overlap.
+        self.stage_s = {"read": 0.0, "order": 0.0, "shuffle": 0.0}
         # Window loads submitted and not yet handed out, in the order they are consumed:
         # the epoch's next windows, then (past its last one) the next epoch's first ones.
         self._queue: deque[_Queued] = deque()
@@ -236,16 +207,19 @@ class DiskShardStream:
             if window:
                 yield window
 
-    def _load(self, units: list[ShardPiece], epoch: int, k: int) -> _Window:
+    def _load(self, units: list[ShardPiece], epoch: int, k: int) -> Window:
         # randperm fills its arange in parallel beyond 32k rows: on one thread here (the
         # permutation itself is drawn serially, the same either way).
+        t0 = time.perf_counter()
         with one_omp_thread(self.serial_threads):
             columns = self.load(units)
+            t1 = time.perf_counter()
             n = int(next(iter(columns.values())).shape[0]) if columns else 0
             g = torch.Generator().manual_seed(
                 int(_rng(self.seed, self.rank, epoch, 1, k).integers(1 << 62))
             )
             order = torch.randperm(n, generator=g)
+            t2 = time.perf_counter()
             # Shuffled here, in the background, once: chunks are then slices of it. Gathering
             # each chunk in the chunk prefetcher's thread put the gather on the path of every
             # step (issue 39). Serial threads: one gathering thread, as for the rest.
@@ -255,7 +229,10 @@ class DiskShardStream:
                 columns = shuffled(columns, order, 1 if self.serial_threads else load_threads())
         with self._lock:
             self.windows_loaded += 1
-        return _Window(columns, self.serial_threads, self._side)
+            took = (t1 - t0, t2 - t1, time.perf_counter() - t2)
+            for stage, seconds in zip(self.stage_s, took, strict=True):
+                self.stage_s[stage] += seconds
+        return Window(columns, self.serial_threads, self._side)
 
     def _side_stream(self) -> torch.cuda.Stream | None:
         dev = self.window_device
@@ -347,7 +324,7 @@ class DiskShardStream:
         out in order, so the chunks, and the first bad window's error, do not depend on
         `depth`."""
         plan = self._start(epoch)
-        left = _Left(self.rows_per_epoch)
+        left = Left(self.rows_per_epoch)
         empty_run = 0
         try:
             self._fill(epoch)
@@ -364,7 +341,7 @@ class DiskShardStream:
                         raise DataError("stream_from_disk: no valid rows left in the shard")
                     continue
                 empty_run = 0
-                yield from self._cut(win, left)
+                yield from win.cut(left, self.step_rows, self.chunk_rows)
                 del win
         finally:
             # Don't leave a load of this epoch running into the next one (unless a later
@@ -372,30 +349,6 @@ class DiskShardStream:
             if self._plans.get(epoch) is plan:
                 self._drop(lambda q: q.epoch != epoch)
                 self._plans.pop(epoch, None)
-
-    def _cut(self, win: _Window, left: _Left) -> Iterator[tuple[dict[str, Tensor], int]]:
-        """A window's rows as chunks of whole steps (at most `chunk_rows`, and no more than
-        the epoch still needs): the rows carried from the last window first, topped up to
-        a step; rows short of a step at the end are carried into the next window."""
-        step, n, pos = self.step_rows, win.num_rows, 0
-        if left.carry is not None:
-            have = left.carried
-            take = min(step - have, n)
-            left.carry = _cat(left.carry, win.rows(0, take), win)
-            pos = take
-            if have + take == step:
-                chunk, left.carry = left.carry, None
-                left.rows -= step
-                yield chunk, step
-        while left.rows > 0 and n - pos >= step:
-            rows = min(self.chunk_rows, (n - pos) // step * step, left.rows)
-            left.rows -= rows
-            yield win.rows(pos, pos + rows), rows
-            pos += rows
-        if left.rows > 0 and pos < n:
-            with settled(next(iter(win.columns.values())).device, win.stream):
-                rest = {k: v.clone() for k, v in win.rows(pos).items()}  # not the whole window
-            left.carry = rest if left.carry is None else _cat(left.carry, rest, win)
 
     def close(self) -> None:
         """Cancels the loads read ahead and waits for the running ones: no stream thread

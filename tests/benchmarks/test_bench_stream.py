@@ -77,6 +77,12 @@ def test_read_ahead_depths_run_in_turn_each_labelled(tmp_path: Path) -> None:
     lines = proc.stdout.splitlines()
     for label in ("prepare (read ahead 1)", "prepared (read ahead 1)", "prepared (read ahead 2)"):
         assert any(line.startswith(f"| 4e+03 | {label} | ") for line in lines), proc.stdout
+    # A streamed row says how long its step waited for rows and where its loads' time went.
+    (prepared,) = [x for x in lines if x.startswith("| 4e+03 | prepared (read ahead 2) | ")]
+    assert "s an epoch for rows) (window loads, s: read " in prepared, prepared
+    assert ", order " in prepared and ", shuffle " in prepared and " windows) " in prepared
+    (resident,) = [x for x in lines if x.startswith("| 4e+03 | resident | ")]
+    assert "waited" not in resident and "window loads" not in resident
     for depth in (1, 2):
         units = [x for x in lines if f"| units (read ahead {depth}) (host only): stream " in x]
         assert len(units) == 1 and " /resident), " in units[0], proc.stdout

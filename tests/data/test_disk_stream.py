@@ -184,6 +184,8 @@ def test_device_windows_give_the_host_windows_chunks(tmp_path: Path, device: str
         stream.configure(step_rows=30, steps_per_epoch=9)
         chunks = [c for e in (0, 1) for c, _ in stream.epoch_chunks(e)]
         stream.close()
+        assert list(stream.stage_s) == ["read", "order", "shuffle"]  # where loads' time went
+        assert all(seconds > 0 for seconds in stream.stage_s.values())
         assert all(c["reward"].device == (where or torch.device("cpu")) for c in chunks)
         runs[where] = torch.cat([c["reward"].cpu() for c in chunks])
     host, dev = runs.values()
