@@ -21,7 +21,12 @@ from reagent_lite.config.models import DQNWorkflowConfig
 from reagent_lite.errors import ConfigError
 from reagent_lite.models.bcq import BCQQNetwork
 from reagent_lite.trainers.common import DQNHyperParams, QLearningTrainer, QLogged
-from reagent_lite.trainers.masked import behavior_certainty, double_q_value, masked_max
+from reagent_lite.trainers.masked import (
+    behavior_certainty,
+    certainty_switch,
+    double_q_value,
+    masked_max,
+)
 
 
 class DiscreteBatch(Protocol):
@@ -131,10 +136,13 @@ class DQNTrainer(QLearningTrainer[DiscreteBatch]):
         q_all, logits = BCQQNetwork.split(net(batch.state, imitation=True))
         imitation = F.cross_entropy(logits.float(), batch.action)
         weight = None
-        if self.hp.cql_weighting == "behavior_entropy":
+        if self.hp.cql_weighting != "constant":
             # How sure the logger was here: uniform logging (w ≈ 0) leaves no action out of
             # the data for CQL to push down, and its penalty would only flatten Q.
             weight = behavior_certainty(logits, batch.possible_actions_mask).to(q_all.dtype)
+            if self.hp.cql_weighting == "certainty_switch":
+                # All rows or none: full CQL unless the logger was unsure everywhere.
+                weight = certainty_switch(weight).expand_as(weight)
         return (q_all.gather(1, logged).squeeze(1), q_all, imitation), weight
 
     def _next_value(self, batch: DiscreteBatch) -> torch.Tensor:
