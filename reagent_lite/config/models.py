@@ -307,7 +307,8 @@ class TrainingParameters(_Model):
         "action, none where it chose uniformly at random (where no action is out of the "
         "data). certainty_switch: cql_alpha on every row when the top 1% of the batch's "
         "rows by w reach w ≥ 0.1 (the logger was sure somewhere), else 0 (plain double DQN "
-        "on logs chosen uniformly at random). Needs cql_alpha > 0.",
+        "on logs chosen uniformly at random); full cql_alpha through the first 200 "
+        "optimizer steps, while the imitator is untrained. Needs cql_alpha > 0.",
     )
     export_diverged_model: bool = Field(
         default=False,

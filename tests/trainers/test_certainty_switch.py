@@ -20,13 +20,22 @@ from reagent_lite.kinds.base import DiscreteSpace
 from reagent_lite.models import build_q_network
 from reagent_lite.models.bcq import BCQQNetwork
 from reagent_lite.trainers import DQNHyperParams, DQNTrainer
+from reagent_lite.trainers.gradient_step import GradientStep
 from reagent_lite.trainers.masked import (
+    SWITCH_FIRST_STEPS,
     SWITCH_LEVEL,
     behavior_certainty,
     certainty_switch,
     masked_logsumexp,
 )
-from tests.trainers.helpers import constant_logits, discrete_batch, identity_q_net, train_step
+from reagent_lite.trainers.optim import OptimizerKernel
+from tests.trainers.helpers import (
+    constant_logits,
+    discrete_batch,
+    identity_q_net,
+    random_discrete_batch,
+    train_step,
+)
 
 
 def _trainer(net: nn.Module, n_actions: int = 2, **hp: object) -> DQNTrainer:
@@ -158,11 +167,71 @@ def test_no_gradient_flows_through_the_weight() -> None:
         torch.testing.assert_close(g, want)
 
 
+def _past_first_steps(trainer: DQNTrainer) -> DQNTrainer:
+    """`trainer` as a run resumed after its first steps (the public state round trip)."""
+    state = trainer.state_dict()
+    state["switch_first_steps"] = 0.0
+    trainer.load_state_dict(state)
+    return trainer
+
+
 def test_uniform_imitator_turns_the_penalty_off() -> None:
     net = BCQQNetwork(identity_q_net(), constant_logits([0.5, 0.5]), None)
     batch = discrete_batch([[1.0, 2.0], [0.0, 3.0]], [0, 1], [1.0, 0.0], [[0, 0], [0, 0]])
-    record = _trainer(net, cql_alpha=3.0, cql_weighting="certainty_switch").compute_loss(batch)  # type: ignore[arg-type]
+    trainer = _trainer(net, cql_alpha=3.0, cql_weighting="certainty_switch")
+    assert trainer.compute_loss(batch).cql_loss.item() > 0.1  # type: ignore[arg-type]
+    record = _past_first_steps(trainer).compute_loss(batch)  # type: ignore[arg-type]
     assert abs(record.cql_loss.item()) < 1e-6
+
+
+def _uniform_trainer() -> DQNTrainer:
+    torch.manual_seed(0)
+    uniform = nn.Linear(4, 3)
+    with torch.no_grad():
+        uniform.weight.zero_()
+        uniform.bias.zero_()
+    net = BCQQNetwork(_mlp4(), uniform, None)
+    # lr 0: the imitator stays uniform, so only the count of steps decides.
+    return _trainer(
+        net, n_actions=3, cql_alpha=1.0, cql_weighting="certainty_switch", learning_rate=0.0
+    )
+
+
+def _mlp4() -> nn.Module:
+    return build_q_network(
+        in_dim=4, n_actions=3, layers=[-1, 16, -1], activations=["relu", "linear"]
+    )
+
+
+def test_the_first_steps_keep_the_full_penalty_and_a_resume_keeps_the_count() -> None:
+    batch = random_discrete_batch(32, 4, 3)
+    trainer = _uniform_trainer()
+    cql = [train_step(trainer, [batch]).cql_loss.item() for _ in range(SWITCH_FIRST_STEPS - 50)]
+    assert min(cql) > 0.1  # an untrained imitator looks uniform: not trusted yet
+    resumed = _uniform_trainer()
+    resumed.load_state_dict(trainer.state_dict())
+    for trained in (trainer, resumed):
+        rest = [train_step(trained, [batch]).cql_loss.item() for _ in range(51)]
+        assert min(rest[:50]) > 0.1 and rest[50] == 0.0
+
+
+def test_a_compiled_step_reads_the_count_as_it_changes() -> None:
+    """The count is a tensor the compiled loss and update read and change (a captured
+    CUDA graph replays the same memory), not a value baked into the trace."""
+    from reagent_lite.config.models import StepVariants
+    from reagent_lite.training.compiled import CompiledApply, CompiledLoss, forward_options
+    from reagent_lite.training.sources import LazyBatch
+
+    trainer = _uniform_trainer()
+    trainer.build_optimizer(OptimizerKernel(foreach=True))
+    fields = vars(random_discrete_batch(32, 4, 3))
+    loss = CompiledLoss(trainer, forward_options(StepVariants(), torch.device("cpu"), "fp32"))
+    apply = CompiledApply(trainer.optimizer, trainer.apply_update, "optimizer step")
+    torch._dynamo.reset()
+    step = GradientStep(loss=loss, net=trainer.online, params=trainer.parameters(), apply=apply)
+    cql = [step([LazyBatch(fields, torch.arange(32))])[0].cql_loss.item() for _ in range(201)]
+    assert not loss.failed and not apply.failed, (loss.failed, apply.failed)
+    assert min(cql[:SWITCH_FIRST_STEPS]) > 0.1 and cql[SWITCH_FIRST_STEPS] == 0.0
 
 
 def test_config_accepts_it_and_builds_an_imitator(tmp_path: Path) -> None:
