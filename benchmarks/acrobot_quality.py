@@ -48,9 +48,13 @@ def variants(base: dict[str, Any]) -> dict[str, dict[str, Any]]:
     bcq = json.loads(json.dumps(base))
     bcq.setdefault("rainbow", {})["bcq_drop_threshold"] = BCQ_THRESHOLD
     bcq["training"]["cql_alpha"] = 0.0
+    # Without CQL there is no penalty to weight (a weighting needs cql_alpha > 0).
+    bcq["training"].pop("cql_weighting", None)
     alpha = base["training"].get("cql_alpha", 0.0)
+    weighting = base["training"].get("cql_weighting", "constant")
+    how = "" if weighting == "constant" else f", {weighting}"
     return {
-        f"reagent-lite dqn (CQL alpha={alpha:g})": base,
+        f"reagent-lite dqn (CQL alpha={alpha:g}{how})": base,
         f"reagent-lite dqn (BCQ {BCQ_THRESHOLD:g})": bcq,
     }
 

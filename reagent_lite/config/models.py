@@ -298,14 +298,17 @@ class TrainingParameters(_Model):
     cql_alpha: float = Field(
         default=0.0, ge=0.0, description="Conservative Q-learning regulariser weight (0 = off)."
     )
-    cql_weighting: Literal["constant", "behavior_entropy"] = Field(
+    cql_weighting: Literal["constant", "behavior_entropy", "certainty_switch"] = Field(
         default="constant",
         description="How the CQL penalty is weighted per logged row (dqn workflow only). "
         "constant: cql_alpha everywhere. behavior_entropy: cql_alpha × w(s), w(s) = 1 − "
         "H(π_b(·|s)) / log(possible actions), π_b an imitation network trained on the "
         "logged actions in the same step: full penalty where the logger was sure of its "
         "action, none where it chose uniformly at random (where no action is out of the "
-        "data). Needs cql_alpha > 0.",
+        "data). certainty_switch: cql_alpha on every row when the top 1% of the batch's "
+        "rows by w reach w ≥ 0.1 (the logger was sure somewhere), else 0 (plain double DQN "
+        "on logs chosen uniformly at random); full cql_alpha through the first 200 "
+        "optimizer steps, while the imitator is untrained. Needs cql_alpha > 0.",
     )
     export_diverged_model: bool = Field(
         default=False,

@@ -37,7 +37,7 @@ from reagent_lite.trainers.optim import soft_update as soft_update
 
 OPTIMIZERS = ("adam", "adamw", "sgd", "rmsprop")
 LOSSES = ("mse", "huber")
-CQL_WEIGHTINGS = ("constant", "behavior_entropy")
+CQL_WEIGHTINGS = ("constant", "behavior_entropy", "certainty_switch")
 
 
 @dataclass(frozen=True)

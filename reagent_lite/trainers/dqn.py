@@ -11,7 +11,7 @@ actions the imitation network allows.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Protocol
+from typing import Any, Protocol
 
 import torch
 import torch.nn.functional as F
@@ -21,7 +21,13 @@ from reagent_lite.config.models import DQNWorkflowConfig
 from reagent_lite.errors import ConfigError
 from reagent_lite.models.bcq import BCQQNetwork
 from reagent_lite.trainers.common import DQNHyperParams, QLearningTrainer, QLogged
-from reagent_lite.trainers.masked import behavior_certainty, double_q_value, masked_max
+from reagent_lite.trainers.masked import (
+    SWITCH_FIRST_STEPS,
+    behavior_certainty,
+    certainty_switch,
+    double_q_value,
+    masked_max,
+)
 
 
 class DiscreteBatch(Protocol):
@@ -88,6 +94,11 @@ class DQNTrainer(QLearningTrainer[DiscreteBatch]):
                 f"cql_weighting {hparams.cql_weighting!r} reads the logging policy off an "
                 "imitation network: q_net must be a BCQQNetwork"
             )
+        # certainty_switch: full CQL for the first steps, while the imitator still looks
+        # uniform everywhere; a device tensor counted down by the update, so a compiled or
+        # captured step reads its value rather than a constant baked in.
+        device = next(self.online.parameters()).device
+        self._switch_first_steps = torch.full((), float(SWITCH_FIRST_STEPS), device=device)
         self.reward_boost: torch.Tensor | None = None
         if reward_boost_vector is not None:
             if reward_boost_vector.shape != (self.n_actions,):
@@ -131,10 +142,14 @@ class DQNTrainer(QLearningTrainer[DiscreteBatch]):
         q_all, logits = BCQQNetwork.split(net(batch.state, imitation=True))
         imitation = F.cross_entropy(logits.float(), batch.action)
         weight = None
-        if self.hp.cql_weighting == "behavior_entropy":
+        if self.hp.cql_weighting != "constant":
             # How sure the logger was here: uniform logging (w ≈ 0) leaves no action out of
             # the data for CQL to push down, and its penalty would only flatten Q.
             weight = behavior_certainty(logits, batch.possible_actions_mask).to(q_all.dtype)
+            if self.hp.cql_weighting == "certainty_switch":
+                # All rows or none: full CQL unless the logger was unsure everywhere.
+                first = (self._switch_first_steps > 0).to(weight.dtype)
+                weight = torch.maximum(certainty_switch(weight), first).expand_as(weight)
         return (q_all.gather(1, logged).squeeze(1), q_all, imitation), weight
 
     def _next_value(self, batch: DiscreteBatch) -> torch.Tensor:
@@ -169,3 +184,17 @@ class DQNTrainer(QLearningTrainer[DiscreteBatch]):
         if not self.hp.double_q_learning:
             return masked_max(target_q, mask)[0]
         return double_q_value(online_q, target_q, mask)
+
+    def apply_update(self) -> None:
+        super().apply_update()
+        if self.hp.cql_weighting == "certainty_switch":
+            self._switch_first_steps.sub_(1.0).clamp_(min=0.0)
+
+    def state_dict(self) -> dict[str, Any]:
+        state = super().state_dict()
+        state["switch_first_steps"] = float(self._switch_first_steps)
+        return state
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        super().load_state_dict(state)
+        self._switch_first_steps.fill_(float(state.get("switch_first_steps", 0.0)))

@@ -5,11 +5,15 @@ flagged (tiny logs and one epoch: this checks the command and the table, not the
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
 import pytest
 
+from benchmarks.acrobot_quality import CONFIG, variants
+from benchmarks.robustness import ENVS
+from reagent_lite.config import DQNWorkflowConfig
 from tests.conftest import run_module
 
 pytest.importorskip("gymnasium")  # the logs come from Acrobot-v1
@@ -99,3 +103,16 @@ def test_the_flagged_column_counts_what_the_run_summary_reports_failed(tmp_path:
     )
     meta.write_text(json.dumps({"online_evaluation": {**online, "timed_out": 2}}))
     assert run_verdict(ENVS["Acrobot-v1"], tmp_path, 0) is None
+
+
+@pytest.mark.parametrize("env", ["Acrobot-v1", "LunarLander-v3"])
+def test_every_contender_of_a_shipped_config_is_a_valid_config(env: str) -> None:
+    """The shipped configs switch CQL by the logger's certainty; the BCQ contender drops
+    CQL, so it must drop the weighting too (a weighting needs cql_alpha > 0)."""
+    base = json.loads(ENVS[env].config.read_text())
+    assert base["training"]["cql_weighting"] == "certainty_switch"
+    contenders = variants(base)
+    for cfg in contenders.values():
+        DQNWorkflowConfig.model_validate({k: v for k, v in cfg.items() if k != "$schema"})
+    assert "reagent-lite dqn (CQL alpha=1, certainty_switch)" in contenders
+    assert ENVS["Acrobot-v1"].config == CONFIG
