@@ -53,7 +53,11 @@ def end_epoch(
         [loss_sum.float(), torch.tensor(float(transitions), device=loss_sum.device)]
     )
     ctx.all_reduce_sum(stats)
-    slowest = max(ctx.all_gather_object(elapsed))
+    # Each rank's time and its wait for streamed rows: the slowest time, the longest wait
+    # (a rank short of data holds the others back at the next gradient sum).
+    wait = (extra or {}).get("data_wait_s")
+    gathered = ctx.all_gather_object((elapsed, wait))
+    slowest = max(e for e, _ in gathered)
     loss = as_float(stats[0]) / (steps_per_epoch * ctx.world_size)
     if not math.isfinite(loss):
         # Every rank sees the same reduced loss, so every rank stops here together.
@@ -74,6 +78,8 @@ def end_epoch(
         "world_size": ctx.world_size,
         **(extra or {}),
     }
+    if wait is not None:
+        record["data_wait_s"] = max(w for _, w in gathered if w is not None)
     if not ctx.is_rank_zero:
         return state.after_epoch(global_step, record, state.best)
     record.update(evaluate(run, epoch))

@@ -62,6 +62,8 @@ def train_epochs(
         # All ranks start the clock together: otherwise the others' first all-reduce
         # waits out rank 0's evaluation of the last epoch, counted as their training time.
         ctx.barrier()
+        # The rows' wait counts from here: a resumed epoch's skipped steps waited before.
+        waited_before = runner.source.waited
         start = time.perf_counter()
         global_step = state.global_step
         # The hot path: no host sync per step (the bar is host-only; logging every
@@ -85,7 +87,7 @@ def train_epochs(
             global_step=global_step,
             loss_sum=runner.loss_sum,
             elapsed=elapsed,
-            extra=_extra(runner, described),
+            extra=_extra(runner, described, waited_before),
         )
         described = True
     replicas.finish(state.global_step)
@@ -93,13 +95,14 @@ def train_epochs(
     return state
 
 
-def _extra(runner: StepRunner, described: bool) -> EpochRecord:
+def _extra(runner: StepRunner, described: bool, waited_before: float | None) -> EpochRecord:
     """The epoch record's fields from the step runner: the seconds this rank's training
-    thread waited for streamed rows (`data_wait_s`), and in this process's first epoch
-    record the step plan (final after a full epoch)."""
+    thread waited for streamed rows while the epoch was timed (`data_wait_s`: since
+    `waited_before`), and in this process's first epoch record the step plan (final after
+    a full epoch)."""
     extra: EpochRecord = {}
     if runner.source.waited is not None:
-        extra["data_wait_s"] = runner.source.waited
+        extra["data_wait_s"] = runner.source.waited - (waited_before or 0.0)
     if not described:
         extra["step_plan"] = runner.plan()
     return extra

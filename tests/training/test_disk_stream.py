@@ -258,6 +258,9 @@ def test_two_processes_over_gloo_same_steps_uneven_shards(tmp_path: Path, kind: 
     steps = math.ceil(380 / 32)
     records = [json.loads(x) for x in (tmp_path / "out" / "metrics.jsonl").read_text().splitlines()]
     assert [r["steps"] for r in records if "transitions_per_s" in r] == [steps, 2 * steps]
+    # The longest wait for rows over both ranks, within the slowest rank's epoch time.
+    for r in (r for r in records if "transitions_per_s" in r):
+        assert 0 < r["data_wait_s"] <= steps * 32 * 2 / r["transitions_per_s"] + 1e-6
     if kind == "parametric_dqn":
         meta = json.loads((tmp_path / "out" / "model_meta.json").read_text())
         assert meta["max_candidates"] == 6

@@ -105,6 +105,23 @@ def test_sigterm_mid_epoch_checkpoints_and_resume_is_bit_for_bit(tmp_path: Path)
     assert [(r["epoch"], r["steps_timed"]) for r in epochs] == [(0, 10), (1, 6)]
 
 
+def test_a_resumed_streamed_epoch_counts_only_its_timed_wait_for_rows(tmp_path: Path) -> None:
+    """`data_wait_s` of an epoch resumed at its last step: the skipped steps' waits for
+    windows (read while the stream caught up, before the clock started) are not counted,
+    so the wait is within the time the epoch's record measured."""
+    cfg = _config(
+        tmp_path, "cut", stream_from_disk=True, stream_prepare=False, stream_window_rows=64
+    )
+    with pytest.raises(Preempted):
+        _run(cfg, kill_at=19)  # 10 steps per epoch: step 9 of epoch 2
+    _run(cfg, resume=True)
+    epochs = [r for r in read_metrics(tmp_path / "cut" / "metrics.jsonl") if "loss" in r]
+    last = [r for r in epochs if "transitions_per_s" in r][-1]
+    assert (last["epoch"], last["steps_timed"]) == (1, 1)
+    timed = last["steps_timed"] * 32 / last["transitions_per_s"]
+    assert 0 < last["data_wait_s"] <= timed, (last["data_wait_s"], timed)
+
+
 def test_checkpoints_on_a_step_cadence(tmp_path: Path) -> None:
     cfg = _config(tmp_path, checkpoint_every_steps=3, checkpoint_every_epochs=0, epochs=1)
     _run(cfg)
