@@ -339,6 +339,11 @@ class QLearningTrainer(Generic[BatchT]):
         self.optimizer.step()
         self._soft_update(self.hp.target_update_rate)
 
+    def step_tensors(self) -> list[torch.Tensor]:
+        """Device tensors besides the modules' and the optimizer's that a step updates in
+        place (a captured step's warm-up restores them too, `graphs.WarmupSnapshot`)."""
+        return []
+
     @torch.no_grad()
     def eval_td_loss(self, batch: BatchT) -> torch.Tensor:
         """The TD loss of `batch` through the plain module (no wrapper, whose forward may

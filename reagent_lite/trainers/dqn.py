@@ -190,6 +190,9 @@ class DQNTrainer(QLearningTrainer[DiscreteBatch]):
         if self.hp.cql_weighting == "certainty_switch":
             self._switch_first_steps.sub_(1.0).clamp_(min=0.0)
 
+    def step_tensors(self) -> list[torch.Tensor]:
+        return [self._switch_first_steps]
+
     def state_dict(self) -> dict[str, Any]:
         state = super().state_dict()
         state["switch_first_steps"] = float(self._switch_first_steps)

@@ -41,7 +41,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import traceback
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -101,7 +101,7 @@ class GraphStep:
         # Built capturable, the lr a device tensor (`step_plan.step_shape`): the tensors
         # the graph will read.
         self._lr = [g["lr"] for g in self.step.trainer.optimizer.param_groups]
-        snapshot = WarmupSnapshot(self.step.modules(), optimizers)
+        snapshot = WarmupSnapshot(self.step.modules(), optimizers, self.step.trainer.step_tensors())
         failure, phase = "", "warm-up"
         try:
             self._static = self.source.static()
@@ -259,12 +259,20 @@ def ddp_construction(device: torch.device, cuda_graphs: bool) -> Iterator[None]:
 class WarmupSnapshot:
     """Values of parameters, buffers and optimizer state, to undo the warm-up steps."""
 
-    def __init__(self, modules: list[nn.Module], optimizers: list[torch.optim.Optimizer]):
+    def __init__(
+        self,
+        modules: list[nn.Module],
+        optimizers: list[torch.optim.Optimizer],
+        tensors: Sequence[Tensor] = (),
+    ):
+        """`tensors`: more that a step updates in place (`QLearningTrainer.step_tensors`,
+        e.g. the certainty switch's count of full-penalty steps left)."""
         self.optimizers = optimizers
         self.tensors: list[tuple[Tensor, Tensor]] = []
         for module in modules:
             for t in [*module.parameters(), *module.buffers()]:
                 self.tensors.append((t, t.detach().clone()))
+        self.tensors += [(t, t.detach().clone()) for t in tensors]
         self.opt_state: dict[int, Tensor] = {}
         for opt in optimizers:
             for state in opt.state.values():

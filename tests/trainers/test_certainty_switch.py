@@ -248,3 +248,19 @@ def test_config_accepts_it_and_builds_an_imitator(tmp_path: Path) -> None:
     net = get_kind("dqn").build_policy_network(cfg, {"state": 3}, space)
     assert isinstance(net, BCQQNetwork) and net.threshold is None
     assert DQNHyperParams.from_config(cfg).cql_weighting == "certainty_switch"
+
+
+def test_a_captured_steps_warm_up_leaves_the_count_where_it_was() -> None:
+    """A CUDA graph's warm-up steps are undone (`graphs.WarmupSnapshot`): the count of
+    full-penalty steps left too (`step_tensors`), or every capture would spend 3 of them
+    and a resumed run would no longer match an uninterrupted one."""
+    from reagent_lite.training.graphs import WarmupSnapshot
+
+    trainer = _uniform_trainer()
+    batch = random_discrete_batch(32, 4, 3)
+    snapshot = WarmupSnapshot([trainer.online], [trainer.optimizer], trainer.step_tensors())
+    for _ in range(3):  # the warm-up
+        train_step(trainer, [batch])
+    assert trainer.state_dict()["switch_first_steps"] == SWITCH_FIRST_STEPS - 3
+    snapshot.restore()
+    assert trainer.state_dict()["switch_first_steps"] == SWITCH_FIRST_STEPS
