@@ -145,9 +145,16 @@ class ClaimBoard:
         except FileNotFoundError:
             return
         moved = read_json(tomb)
-        if moved is not None and moved.get("uuid") != stale.data.get("uuid"):
+        owner = stale.data.get("uuid")
+        if moved is not None and moved.get("uuid") != owner:
             with contextlib.suppress(OSError):
                 os.link(tomb, lock)
+        elif isinstance(owner, str) and owner:
+            # Its owner is gone: so is any probe it was killed between making and removing
+            # (`fs_now_ns`), which a leader would otherwise keep until it went stale.
+            for p in self.dir.iterdir():
+                if p.name.startswith(f"probe_{owner}_"):
+                    unlink(p)
         unlink(tomb)
 
     def fs_now_ns(self) -> int:

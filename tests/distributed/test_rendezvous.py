@@ -184,6 +184,8 @@ def test_stale_leftovers_of_a_crashed_run_are_replaced(tmp_path: Path, claim: di
         json.dumps({"session_id": "dead", "store": "store-dead", "members": ["old0", "old1"]})
     )
     (d / "store-dead").write_text("garbage of a crashed run")
+    # A probe the dead node 0 was killed between making and removing: fresh, yet its own.
+    (d / "probe_old0_0123abcd").write_text("")
     nodes = [_rdzv(d, 0, 2), _rdzv(d, 1, 2)]
     sessions = _join_all(nodes)
     assert all(isinstance(s, Session) for s in sessions), sessions
